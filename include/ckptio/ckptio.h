@@ -1,0 +1,8 @@
+// The whole public API of ckptio.
+#pragma once
+
+#include "ckptio/index.h"
+#include "ckptio/manager.h"
+#include "ckptio/status.h"
+#include "ckptio/storage.h"
+#include "ckptio/types.h"

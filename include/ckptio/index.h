@@ -1,0 +1,79 @@
+// The index: one JSON document per step, the commit record. docs/format.md is
+// its contract; this header is its in-memory form.
+//
+// parse_index() is strict and total: it never crashes, never allocates memory
+// in proportion to numbers it reads (only to the bytes it is given, which are
+// capped), and every rejection names the JSON location ("prefixes.model[3]
+// .shards[0].box"). A parsed Index is internally consistent: shapes fit in 64
+// bits, every shard box lies inside its leaf's shape, the shards of a leaf
+// cover it exactly once, every shard's length equals its box's bytes and lies
+// inside its data file, file names are safe relative names.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ckptio/status.h"
+#include "ckptio/types.h"
+
+namespace ckptio {
+
+inline constexpr const char* kIndexFormat = "ckptio";
+inline constexpr int kIndexVersion = 1;
+inline constexpr const char* kIndexFileName = "ckptio_index.json";
+
+struct ShardRecord {
+  Box box;
+  std::string file;     // data file name, relative to the step directory
+  uint64_t offset = 0;  // byte offset of the box's C-order bytes in `file`
+  uint64_t length = 0;  // == num_elements(box) * dtype_size
+  uint32_t crc32c = 0;  // of those `length` bytes (Castagnoli, ISA-L crc32_iscsi)
+};
+
+struct LeafRecord {
+  std::string path;  // dotted pytree path, unique within its prefix
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  std::vector<ShardRecord> shards;
+  uint64_t num_bytes() const;  // of the whole leaf
+};
+
+struct PrefixRecord {
+  std::string name;  // "model", "tx", ...
+  std::vector<LeafRecord> leaves;
+};
+
+struct DataFileRecord {
+  std::string name;
+  uint64_t size = 0;
+};
+
+struct Index {
+  int64_t step = 0;
+  int64_t created_unix_ns = 0;    // when save() was called
+  int64_t committed_unix_ns = 0;  // when the index was written
+  std::string metadata_json = "{}";  // the user's JSON object, serialized
+  std::vector<PrefixRecord> prefixes;
+  std::vector<DataFileRecord> files;
+  uint64_t total_bytes() const;  // sum of shard lengths
+};
+
+struct IndexLimits {
+  uint64_t max_bytes = 256ull << 20;   // of the JSON text
+  uint32_t max_depth = 64;             // JSON nesting
+  uint32_t max_rank = 32;
+  uint64_t max_leaves = 10'000'000;
+  uint64_t max_shards_per_leaf = 1'000'000;
+};
+
+Result<Index> parse_index(std::string_view json, const IndexLimits& limits = {});
+std::string serialize_index(const Index& index);
+
+// Checks a data-file or other relative name: non-empty, no "..", no leading
+// '/', no NUL, no backslash, no empty or "." components.
+bool is_safe_relative_name(std::string_view name);
+
+}  // namespace ckptio

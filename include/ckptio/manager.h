@@ -1,0 +1,190 @@
+// CheckpointManager: asynchronous, atomic, durable checkpoints of a training
+// state, and restore of the latest committed step.
+//
+//   auto m = CheckpointManager::open("/data/ckpt").value();
+//   auto h = m->save(step, state, {.metadata_json = R"({"data_pos": 123})"});
+//   ... training continues while bytes go to disk ...
+//   m->wait_until_finished();
+//   auto r = m->restore(std::nullopt);           // the latest committed step
+//
+// Thread safety: every method may be called from any thread. Saves are
+// executed in call order by one background worker; at most
+// ManagerOptions::max_in_flight saves are queued or running (save() waits for
+// a slot). Commit callbacks run on the worker thread, one at a time; they must
+// not call wait_until_finished() or the destructor of this manager.
+//
+// Errors: save() returns an error at once for bad input (invalid leaves, a
+// committed step without overwrite); once it returned a handle, every outcome
+// reaches the handle, the on_commit callback (exactly once) and the log.
+// A failed save leaves no committed step and the previous latest intact.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckptio/index.h"
+#include "ckptio/status.h"
+#include "ckptio/storage.h"
+#include "ckptio/types.h"
+
+namespace ckptio {
+
+enum class StagingMode {
+  // save() copies the state into a bounded pool of staging buffers and
+  // returns; it blocks only while the pool is full. The caller may change its
+  // buffers as soon as save() returns.
+  kCopy,
+  // Zero copy on the caller's thread: save() returns after planning; the
+  // engine reads the caller's buffers in the background. The caller promises
+  // they stay alive and unchanged until SaveHandle::released().
+  kBorrow,
+};
+
+struct SaveStats {
+  uint64_t bytes = 0;         // payload bytes written (after casts)
+  double stall_seconds = 0;   // time save() blocked the caller
+  double write_seconds = 0;   // first byte staged to data durable
+  double commit_seconds = 0;  // index written to step visible
+  double total_seconds = 0;   // save() call to commit
+};
+
+struct CommitEvent {
+  int64_t step = 0;
+  Status status;  // OK when the step committed
+  SaveStats stats;
+};
+
+struct ManagerOptions {
+  // Step directory name; "{step}" is replaced by the decimal step number.
+  // "run-{step}" is eformer's naming, "{step}" Orbax's.
+  std::string step_format = "run-{step}";
+  StagingMode staging = StagingMode::kCopy;
+  // Upper bound on staging memory (copy mode's pool, borrow mode's bounce
+  // buffers). Peak extra memory of a save stays within it.
+  uint64_t staging_budget = 1ull << 30;
+  // Bytes per write request; 0 = 8 MiB (measured on local disk, see README).
+  // Rounded up to the backend's write granularity (S3: the part size).
+  uint64_t chunk_size = 0;
+  int max_in_flight = 1;   // saves queued or running at once
+  int max_to_keep = 0;     // committed steps kept by retention; 0 = all
+  int64_t keep_every = 0;  // steps divisible by this are never deleted; 0 = none
+  // Discovery and restore treat an index that fails to parse as an error
+  // instead of skipping the step with a warning.
+  bool strict = false;
+  // Runs once per save that returned a handle, success or failure.
+  std::function<void(const CommitEvent&)> on_commit;
+};
+
+struct SaveOptions {
+  std::string metadata_json = "{}";  // a JSON object stored in the index
+  bool overwrite = false;            // replace a committed step atomically
+  // eformer's float_dtype: float leaves are stored as this dtype.
+  std::optional<DType> float_dtype;
+};
+
+// A save in progress. Copyable; all copies see the same save.
+class SaveHandle {
+ public:
+  int64_t step() const;
+  bool done() const;
+  Status wait() const;           // until committed or failed
+  bool released() const;         // borrow mode: caller buffers no longer read
+  void wait_released() const;
+  SaveStats stats() const;       // final once done()
+
+  struct State;
+  explicit SaveHandle(std::shared_ptr<State> s) : s_(std::move(s)) {}
+
+ private:
+  std::shared_ptr<State> s_;
+};
+
+struct Selection {
+  std::vector<std::string> prefixes;  // empty: every prefix
+  std::string path_regex;             // ECMAScript, matched anywhere; "": all
+};
+
+struct RestoreStats {
+  uint64_t bytes_needed = 0;  // payload bytes of the selected leaves
+  uint64_t bytes_read = 0;    // bytes requested from storage
+  uint64_t requests = 0;
+  double seconds = 0;
+};
+
+struct RestoreOptions {
+  Selection select;
+  // When non-empty: the leaves the caller expects. Missing leaves, unexpected
+  // leaves and shape or dtype mismatches are reported together in one error.
+  std::vector<LeafSpec> expected;
+  bool allow_cast = false;            // cast dtype mismatches to `expected`
+  std::optional<DType> float_dtype;   // cast float leaves on restore
+  bool verify = true;                 // check every shard's crc32c
+};
+
+struct RestoredState {
+  int64_t step = 0;
+  std::string metadata_json;
+  std::vector<Tensor> leaves;
+  RestoreStats stats;
+};
+
+// A step directory seen by discovery, committed or not (for `ckptio ls`).
+struct StepInfo {
+  int64_t step = 0;
+  std::string name;      // "run-5" or "run-5.tmp-ab12"
+  bool committed = false;
+  uint64_t bytes = 0;    // sum of object sizes under it
+  int64_t committed_unix_ns = 0;
+};
+
+class CheckpointManager {
+ public:
+  static Result<std::unique_ptr<CheckpointManager>> open(const std::string& uri,
+                                                         ManagerOptions options = {},
+                                                         const StorageOptions& storage = {});
+  CheckpointManager(std::shared_ptr<Storage> storage, ManagerOptions options);
+  ~CheckpointManager();  // waits for every save
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+
+  Result<SaveHandle> save(int64_t step, const std::vector<LeafView>& state,
+                          const SaveOptions& options = {});
+  // Waits for every save so far; returns the first error among them.
+  Status wait_until_finished();
+
+  // Committed steps only, ascending. A step whose index fails to parse is
+  // skipped with a warning (an error in strict mode).
+  Result<std::vector<int64_t>> all_steps();
+  Result<std::optional<int64_t>> latest_step();
+  // Every step directory, committed or not, with sizes (slower: lists all).
+  Result<std::vector<StepInfo>> list_step_dirs();
+
+  Result<Index> read_index(int64_t step);
+  // step nullopt: the latest committed step whose index parses (falls back
+  // to older steps with a warning unless strict).
+  Result<RestoredState> restore(std::optional<int64_t> step, const RestoreOptions& options = {});
+  // Reads every byte of a step and checks every checksum.
+  Status verify(int64_t step);
+
+  // Applies retention now (max_to_keep / keep_every as given).
+  Status apply_retention(int max_to_keep, int64_t keep_every);
+  // Removes temporaries and leftovers of failed saves not in flight here.
+  Status gc();
+  Status remove_step(int64_t step);
+
+  Storage& storage() { return *storage_; }
+  const ManagerOptions& options() const { return options_; }
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  ManagerOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckptio

@@ -1,0 +1,156 @@
+// The storage seam: the one interface between ckptio's core and the places
+// bytes live (local disk through io_uring, S3-compatible object stores, memory).
+//
+// A backend knows keys and byte ranges; it never knows what a leaf is. Keys are
+// '/'-separated paths relative to the backend's root ("run-5/index.json"). A key
+// never starts with '/', never contains "..", NUL or backslash.
+//
+// Thread safety: every Storage method may be called from any thread
+// concurrently. A WritableObject is used by one thread at a time; its
+// completion callbacks run on a backend thread and must be quick (no I/O, no
+// blocking): they typically decrement a counter and signal a condition.
+//
+// Missing objects: get(), stat() and read() return Code::kNotFound; remove()
+// and remove_prefix() of something missing succeed (they are idempotent).
+//
+// Errors: Status values only; no exception escapes a backend. Transient faults
+// come back as Code::kUnavailable (retryable()); a backend that retries
+// internally returns the last error when it gives up.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ckptio/status.h"
+
+namespace ckptio {
+
+using IoDone = std::function<void(Status)>;
+
+// What the core may rely on; it picks its commit protocol from these.
+struct StorageCaps {
+  // rename() of a prefix is atomic (POSIX directories). Without it the core
+  // commits by writing the index object last (object stores).
+  bool atomic_rename = false;
+  // rename() with RenameMode::kExchange swaps two prefixes atomically.
+  bool atomic_exchange = false;
+};
+
+// One object being written in ranges (a local file through the ring, or an
+// S3 multipart upload whose parts are the ranges).
+//
+// Contract for write_async(): ranges do not overlap; every offset is a multiple
+// of granularity(); every length is a multiple of granularity() except for the
+// range that ends the object. The data pointer is 4096-byte aligned when
+// granularity() > 1 (the core's staging buffers are) and must stay valid until
+// `done` runs. The length may exceed the final size by padding up to the next
+// multiple of alignment(); finish() trims the object to `final_size`.
+class WritableObject {
+ public:
+  virtual ~WritableObject() = default;
+  // Bytes that offsets and lengths must be multiples of (1 = any).
+  virtual uint64_t granularity() const = 0;
+  // Padding unit for the last range (4096 for O_DIRECT, else 1).
+  virtual uint64_t alignment() const = 0;
+  virtual void write_async(uint64_t offset, std::span<const std::byte> data, IoDone done) = 0;
+  // Waits for every queued write, trims to `final_size`, and makes the object
+  // durable (fsync / CompleteMultipartUpload). Any earlier write error, or an
+  // fsync error, is returned and the object must be treated as lost.
+  virtual Status finish(uint64_t final_size) = 0;
+  // Drops the object (after waiting for queued writes). Never fails loudly.
+  virtual void abort() = 0;
+};
+
+struct ReadRequest {
+  std::string key;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  std::byte* dst = nullptr;  // caller-owned, `length` bytes
+};
+
+struct ListEntry {
+  std::string key;
+  uint64_t size = 0;
+};
+
+struct ListResult {
+  std::vector<ListEntry> objects;       // keys directly matched
+  std::vector<std::string> prefixes;    // with a delimiter: "run-5/" style groups
+};
+
+enum class RenameMode {
+  kNoReplace,  // fail with kAlreadyExists if `to` exists
+  kExchange,   // atomically swap `from` and `to` (both must exist)
+};
+
+class Storage {
+ public:
+  virtual ~Storage() = default;
+
+  virtual StorageCaps caps() const = 0;
+  // A printable location for messages ("/data/ckpt", "s3://bucket/prefix").
+  virtual std::string describe() const = 0;
+
+  // Starts a new object at `key` (replacing nothing until finish()).
+  virtual Result<std::unique_ptr<WritableObject>> create(const std::string& key,
+                                                          uint64_t size_hint) = 0;
+
+  // Writes a small whole object atomically and durably (the index): readers
+  // see the old object or the new one, never a mix.
+  virtual Status put(const std::string& key, std::span<const std::byte> data) = 0;
+
+  // Reads a whole small object; fails with kInvalidArgument above `max_size`.
+  virtual Result<std::string> get(const std::string& key, uint64_t max_size) = 0;
+
+  virtual Result<uint64_t> stat(const std::string& key) = 0;
+
+  // Reads every request (in parallel where the backend can). Returns the first
+  // error, naming the key; a read past the end of an object is kDataLoss.
+  virtual Status read(std::span<const ReadRequest> requests) = 0;
+
+  // The alignment at which destination addresses and offsets should agree
+  // (modulo this value) for zero-copy reads; 1 when it does not matter.
+  virtual uint64_t read_alignment() const { return 1; }
+
+  // Lists keys starting with `prefix`. With `delimiter`, keys that have a '/'
+  // after the prefix are grouped into `prefixes` (S3 ListObjectsV2 semantics).
+  virtual Result<ListResult> list(const std::string& prefix, bool delimiter) = 0;
+
+  virtual Status remove(const std::string& key) = 0;
+  virtual Status remove_prefix(const std::string& prefix) = 0;
+
+  // Renames every key under prefix `from` to prefix `to` (both end in '/').
+  // Only when caps().atomic_rename; kUnimplemented otherwise.
+  virtual Status rename(const std::string& from, const std::string& to, RenameMode mode) {
+    (void)from; (void)to; (void)mode;
+    return Status(Code::kUnimplemented, describe() + ": rename is not supported");
+  }
+
+  // Makes the entries directly under `prefix` durable (fsync of a directory;
+  // "" is the root). A no-op where puts are durable on return.
+  virtual Status sync(const std::string& prefix) { (void)prefix; return Status::OK(); }
+};
+
+// Options for the built-in backends. Zero means "the measured default".
+struct StorageOptions {
+  // Local: "auto" tries O_DIRECT and falls back to buffered I/O where the
+  // file system refuses it; "on" fails instead; "off" never uses it.
+  std::string direct_io = "auto";
+  // Local: "direct" (O_DIRECT through the ring) or "buffered" (kernel
+  // readahead through pread workers); "" picks the measured default.
+  std::string read_mode;
+  uint64_t request_size = 0;  // bytes per ring request
+  uint32_t queue_depth = 0;   // ring entries in flight
+};
+
+// Opens a backend for a URI: a plain path or file:///path (local disk),
+// mem://NAME (an in-process store shared by name, for tests).
+Result<std::shared_ptr<Storage>> open_storage(const std::string& uri,
+                                              const StorageOptions& options = {});
+
+}  // namespace ckptio

@@ -1,0 +1,92 @@
+// The commit protocol. A step is committed exactly when its index is durable
+// at its final name; data objects carry attempt-unique names, so a failed or
+// concurrent attempt never overwrites what a committed index points to.
+//
+// POSIX (Storage::caps().atomic_rename):
+//   1. data files are written under <step>.tmp-<attempt>/ and made durable
+//      (WritableObject::finish = fsync) by the caller;
+//   2. put(<stage>/ckptio_index.json): write a temporary, fsync, rename, fsync
+//      the directory;
+//   3. sync(<stage>): fsync the stage directory (all data file names);
+//   4. rename(<stage>, <step>) with RENAME_NOREPLACE, or RENAME_EXCHANGE when
+//      overwriting (the old step moves to the stage name in the same atomic
+//      step, so there is no moment without a complete step), then fsync the
+//      base directory (sync("")). An fsync error anywhere fails the step: the
+//      caller discards the attempt and never retries the commit.
+//   5. after an exchange, the old step (now at the stage name) is deleted.
+//
+// Object store (no rename): data objects go to <step>/data-<attempt>-N.bin,
+// then the index object <step>/ckptio_index.json is PUT last (S3 PUTs are
+// atomic and read-after-write consistent). An attempt that never wrote its
+// index is invisible to discovery; gc removes its objects. Overwrite replaces
+// the index in one PUT; the replaced step's data objects become garbage that
+// gc removes (they are not referenced by the new index).
+#include "src/commit.h"
+
+#include "src/layout.h"
+
+namespace ckptio {
+
+AttemptPaths plan_attempt(const Storage& storage, const std::string& final_dir) {
+  AttemptPaths p;
+  p.final_dir = final_dir;
+  p.attempt = new_attempt_id();
+  p.renames = storage.caps().atomic_rename;
+  p.stage_dir = p.renames ? final_dir + ".tmp-" + p.attempt : final_dir;
+  return p;
+}
+
+Status commit_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
+                      bool overwrite) {
+  std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(index_json.data()),
+                                   index_json.size());
+  if (!paths.renames) {
+    if (!overwrite) {
+      auto st = storage.stat(index_key(paths.final_dir));
+      if (st.ok())
+        return Status(Code::kAlreadyExists, "step " + paths.final_dir + " is already committed");
+      if (st.status().code() != Code::kNotFound) return st.status();
+    }
+    return storage.put(index_key(paths.final_dir), bytes);
+  }
+
+  CKPTIO_RETURN_IF_ERROR(storage.put(index_key(paths.stage_dir), bytes));
+  CKPTIO_RETURN_IF_ERROR(storage.sync(paths.stage_dir + "/"));
+  Status renamed = storage.rename(paths.stage_dir + "/", paths.final_dir + "/", RenameMode::kNoReplace);
+  bool exchanged = false;
+  if (renamed.code() == Code::kAlreadyExists && overwrite) {
+    renamed = storage.rename(paths.stage_dir + "/", paths.final_dir + "/", RenameMode::kExchange);
+    exchanged = renamed.ok();
+  }
+  CKPTIO_RETURN_IF_ERROR(renamed.annotate("commit " + paths.final_dir));
+  CKPTIO_RETURN_IF_ERROR(storage.sync("").annotate("commit " + paths.final_dir));
+  if (exchanged) {
+    // The replaced step now sits at the stage name; it is not discoverable as
+    // committed (temporary names never are), so a failure here only leaves
+    // garbage for gc.
+    (void)storage.remove_prefix(paths.stage_dir + "/");
+  }
+  return Status::OK();
+}
+
+void discard_attempt(Storage& storage, const AttemptPaths& paths,
+                     const std::vector<std::string>& data_files) {
+  if (paths.renames) {
+    (void)storage.remove_prefix(paths.stage_dir + "/");
+    return;
+  }
+  for (const auto& f : data_files) (void)storage.remove(paths.stage_dir + "/" + f);
+}
+
+Status delete_committed_step(Storage& storage, const std::string& final_dir) {
+  if (storage.caps().atomic_rename) {
+    std::string doomed = final_dir + ".del-" + new_attempt_id();
+    CKPTIO_RETURN_IF_ERROR(storage.rename(final_dir + "/", doomed + "/", RenameMode::kNoReplace));
+    CKPTIO_RETURN_IF_ERROR(storage.sync(""));
+    return storage.remove_prefix(doomed + "/");
+  }
+  CKPTIO_RETURN_IF_ERROR(storage.remove(index_key(final_dir)));
+  return storage.remove_prefix(final_dir + "/");
+}
+
+}  // namespace ckptio

@@ -1,0 +1,34 @@
+// The commit protocol, chosen from the backend's capabilities (see commit.cc).
+#pragma once
+
+#include <string>
+
+#include "ckptio/status.h"
+#include "ckptio/storage.h"
+
+namespace ckptio {
+
+// Where one save attempt puts its objects.
+struct AttemptPaths {
+  std::string final_dir;  // "run-12"
+  std::string stage_dir;  // "run-12.tmp-<attempt>" (POSIX) or == final_dir
+  std::string attempt;
+  bool renames = false;   // POSIX protocol (stage, then rename)
+};
+
+AttemptPaths plan_attempt(const Storage& storage, const std::string& final_dir);
+
+// Makes the staged step visible at its final name. Every data object must be
+// durable already. `overwrite` replaces a committed step atomically.
+Status commit_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
+                      bool overwrite);
+
+// Removes what a failed attempt wrote (never a committed step's objects).
+void discard_attempt(Storage& storage, const AttemptPaths& paths,
+                     const std::vector<std::string>& data_files);
+
+// Deletes a committed step so that no reader ever sees it half-deleted: the
+// step stops being committed first (rename away / index removed first).
+Status delete_committed_step(Storage& storage, const std::string& final_dir);
+
+}  // namespace ckptio

@@ -1,0 +1,584 @@
+// CheckpointManager: the save pipeline, commit, callbacks and retention.
+//
+// save() on the caller's thread: validate, wait for an in-flight slot, cast
+// (if asked), plan the data file, then
+//   copy mode:   copy the state chunk by chunk into pool buffers and hand each
+//                to the worker (blocks only while the pool is full);
+//   borrow mode: nothing more; the worker reads the caller's buffers.
+// The worker thread, one job at a time: take (or fill) each chunk, update the
+// shards' crc32c, queue its write; wait for the writes; finish() (fsync);
+// write the index and commit (src/commit.cc); run the callback; retention.
+#include "ckptio/manager.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "src/cast.h"
+#include "src/commit.h"
+#include "src/crc32c.h"
+#include "src/layout.h"
+#include "src/manager_impl.h"
+#include "src/staging.h"
+
+namespace ckptio {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+int64_t unix_ns_now() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+// ---- SaveHandle --------------------------------------------------------------
+
+int64_t SaveHandle::step() const { return s_->step; }
+bool SaveHandle::done() const {
+  std::lock_guard lock(s_->mu);
+  return s_->done;
+}
+Status SaveHandle::wait() const {
+  std::unique_lock lock(s_->mu);
+  s_->cv.wait(lock, [&] { return s_->done; });
+  return s_->status;
+}
+bool SaveHandle::released() const {
+  std::lock_guard lock(s_->mu);
+  return s_->released;
+}
+void SaveHandle::wait_released() const {
+  std::unique_lock lock(s_->mu);
+  s_->cv.wait(lock, [&] { return s_->released; });
+}
+SaveStats SaveHandle::stats() const {
+  std::lock_guard lock(s_->mu);
+  return s_->stats;
+}
+
+void SaveHandle::State::set_released() {
+  {
+    std::lock_guard lock(mu);
+    released = true;
+  }
+  cv.notify_all();
+}
+
+void SaveHandle::State::finish(Status st, const SaveStats& s) {
+  {
+    std::lock_guard lock(mu);
+    status = std::move(st);
+    stats = s;
+    released = true;
+    done = true;
+  }
+  cv.notify_all();
+}
+
+// ---- Job: one save on its way through the worker ------------------------------
+
+struct SaveJob {
+  int64_t step = 0;
+  std::vector<LeafView> leaves;
+  std::vector<Buffer> owned;  // cast copies the leaves point into
+  SaveOptions options;
+  AttemptPaths paths;
+  SavePlan plan;
+  uint64_t chunk = 0;
+  bool copy_mode = true;
+  Clock::time_point started;
+  int64_t created_unix_ns = 0;
+  double stall_seconds = 0;
+  std::shared_ptr<SaveHandle::State> handle;
+
+  // Copy mode: chunks filled by the caller, consumed by the worker.
+  std::mutex mu;  // guards ready, producer_done
+  std::condition_variable cv;
+  std::deque<std::byte*> ready;
+  bool producer_done = false;
+  std::atomic<bool> failed{false};
+
+  void push_ready(std::byte* buf) {
+    { std::lock_guard lock(mu); ready.push_back(buf); }
+    cv.notify_one();
+  }
+  std::byte* pop_ready() {  // nullptr when the producer stopped early
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return !ready.empty() || producer_done; });
+    if (ready.empty()) return nullptr;
+    std::byte* b = ready.front();
+    ready.pop_front();
+    return b;
+  }
+  void producer_finished() {
+    { std::lock_guard lock(mu); producer_done = true; }
+    cv.notify_all();
+  }
+};
+
+// ---- Manager ------------------------------------------------------------------
+
+Result<std::unique_ptr<CheckpointManager>> CheckpointManager::open(const std::string& uri,
+                                                                   ManagerOptions options,
+                                                                   const StorageOptions& storage) {
+  CKPTIO_ASSIGN_OR_RETURN(auto backend, open_storage(uri, storage));
+  auto naming = StepNaming::make(options.step_format);
+  if (!naming.ok()) return naming.status();
+  return std::make_unique<CheckpointManager>(std::move(backend), std::move(options));
+}
+
+CheckpointManager::CheckpointManager(std::shared_ptr<Storage> storage, ManagerOptions options)
+    : storage_(std::move(storage)), options_(std::move(options)), impl_(std::make_unique<Impl>()) {
+  auto naming = StepNaming::make(options_.step_format);
+  if (!naming.ok()) {
+    spdlog::error("ckptio: {}; using run-{{step}}", naming.status().to_string());
+    options_.step_format = "run-{step}";
+    naming = StepNaming::make(options_.step_format);
+  }
+  impl_->naming = naming.value();
+  impl_->owner = this;
+  if (options_.max_in_flight < 1) options_.max_in_flight = 1;
+  uint64_t chunk = options_.chunk_size ? options_.chunk_size : (8ull << 20);
+  chunk = (chunk + 4095) / 4096 * 4096;
+  impl_->chunk = chunk;
+  impl_->pool = std::make_unique<BufferPool>(chunk, std::max<uint64_t>(2, options_.staging_budget / chunk));
+  impl_->worker = std::thread([this] { impl_->worker_loop(); });
+}
+
+CheckpointManager::~CheckpointManager() {
+  (void)wait_until_finished();
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  impl_->worker.join();
+}
+
+Status CheckpointManager::wait_until_finished() {
+  std::unique_lock lock(impl_->mu);
+  impl_->cv.wait(lock, [&] { return impl_->in_flight == 0; });
+  Status first = impl_->first_error;
+  impl_->first_error = Status::OK();
+  return first;
+}
+
+Result<SaveHandle> CheckpointManager::save(int64_t step, const std::vector<LeafView>& state,
+                                           const SaveOptions& options) {
+  const auto t0 = Clock::now();
+  const int64_t created = unix_ns_now();
+  if (step < 0) return invalid_argument("step must be >= 0, got " + std::to_string(step));
+  CKPTIO_RETURN_IF_ERROR(validate_leaves(state));
+  if (options.float_dtype && !dtype_is_float(*options.float_dtype))
+    return invalid_argument("float_dtype must be a float dtype");
+
+  // Wait for a slot: at most max_in_flight saves are queued or running.
+  {
+    std::unique_lock lock(impl_->mu);
+    impl_->cv.wait(lock, [&] { return impl_->in_flight < options_.max_in_flight; });
+    ++impl_->in_flight;
+  }
+  auto release_slot = [&] {
+    { std::lock_guard lock(impl_->mu); --impl_->in_flight; }
+    impl_->cv.notify_all();
+  };
+
+  const std::string final_dir = impl_->naming.name(step);
+  if (!options.overwrite) {
+    auto st = storage_->stat(index_key(final_dir));
+    if (st.ok()) {
+      release_slot();
+      return Status(Code::kAlreadyExists, "step " + std::to_string(step) + " is already committed at " +
+                                              storage_->describe() + "/" + final_dir +
+                                              " (pass overwrite to replace it)");
+    }
+  }
+
+  auto job = std::make_shared<SaveJob>();
+  job->step = step;
+  job->leaves = state;
+  job->options = options;
+  job->copy_mode = options_.staging == StagingMode::kCopy;
+  job->started = t0;
+  job->created_unix_ns = created;
+  job->handle = std::make_shared<SaveHandle::State>();
+  job->handle->step = step;
+  job->paths = plan_attempt(*storage_, final_dir);
+  job->chunk = impl_->chunk;
+
+  // eformer's float_dtype: cast float leaves now, into owned buffers.
+  if (options.float_dtype) {
+    for (LeafView& leaf : job->leaves) {
+      if (!dtype_is_float(leaf.dtype) || leaf.dtype == *options.float_dtype) continue;
+      for (ShardView& sh : leaf.shards) {
+        uint64_t n = checked_num_bytes(sh.box.extent()).value_or(0);
+        Buffer b = Buffer::allocate(n * dtype_size(*options.float_dtype));
+        Status st = cast_elements(leaf.dtype, *options.float_dtype, sh.data, b.data(), n);
+        if (!st.ok()) { release_slot(); return st; }
+        sh.data = b.data();
+        job->owned.push_back(std::move(b));
+      }
+      leaf.dtype = *options.float_dtype;
+    }
+  }
+  job->plan = plan_save(job->leaves);
+
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->attempts_in_flight.insert(job->paths.attempt);
+    impl_->queue.push_back(job);
+  }
+  impl_->cv.notify_all();
+
+  if (job->copy_mode) {
+    // Copy on the caller's thread; each chunk goes to the worker as soon as
+    // it is full. Blocks only while every pool buffer is in use.
+    StreamCursor cursor(job->plan);
+    for (uint64_t off = 0; off < job->plan.total && !job->failed.load(); off += job->chunk) {
+      uint64_t len = std::min(job->chunk, job->plan.total - off);
+      std::byte* buf = impl_->pool->acquire();
+      cursor.next(len, [&](size_t, const std::byte* src, uint64_t n, uint64_t at) {
+        std::memcpy(buf + at, src, n);
+      });
+      job->push_ready(buf);
+    }
+    job->producer_finished();
+    job->handle->set_released();
+  }
+  job->stall_seconds = seconds_since(t0);
+  return SaveHandle(job->handle);
+}
+
+void CheckpointManager::Impl::worker_loop() {
+  for (;;) {
+    std::shared_ptr<SaveJob> job;
+    {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return stopping || !queue.empty(); });
+      if (queue.empty()) return;
+      job = queue.front();
+      queue.pop_front();
+    }
+    run_job(*job);
+  }
+}
+
+Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& crcs,
+                                           double& write_seconds) {
+  Storage& storage = owner->storage();
+  const auto t0 = Clock::now();
+  const std::string key = job.paths.stage_dir + "/" + data_file_name(job.paths.attempt, 0);
+  auto created = storage.create(key, job.plan.total);
+  if (!created.ok()) {
+    job.failed = true;
+    drain_ready(job);
+    return created.status();
+  }
+  std::unique_ptr<WritableObject> writer = std::move(created).value();
+  const uint64_t align = std::max<uint64_t>(writer->alignment(), 1);
+  const uint64_t gran = std::max<uint64_t>(writer->granularity(), 1);
+  const uint64_t chunk = (job.chunk + gran - 1) / gran * gran;
+  if (chunk != job.chunk) {
+    // Only object stores with a large part size get here; copy mode chunks
+    // were already cut at job.chunk, so fail loudly rather than mis-write.
+    if (job.copy_mode) {
+      job.failed = true;
+      drain_ready(job);
+      writer->abort();
+      return internal_error("chunk size " + std::to_string(job.chunk) +
+                            " is not a multiple of the backend's write granularity " +
+                            std::to_string(gran));
+    }
+  }
+
+  struct Pending {
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t count = 0;
+    Status first;
+  } pending;
+
+  StreamCursor cursor(job.plan);
+  crcs.assign(job.plan.shards.size(), 0);
+  for (uint64_t off = 0; off < job.plan.total; off += chunk) {
+    const uint64_t len = std::min(chunk, job.plan.total - off);
+    std::byte* buf = nullptr;
+    if (job.copy_mode) {
+      buf = job.pop_ready();
+      if (!buf) break;  // producer stopped after a failure
+      cursor.next(len, [&](size_t i, const std::byte*, uint64_t n, uint64_t at) {
+        crcs[i] = crc32c(buf + at, n, crcs[i]);
+      });
+    } else {
+      buf = pool->acquire();
+      cursor.next(len, [&](size_t i, const std::byte* src, uint64_t n, uint64_t at) {
+        std::memcpy(buf + at, src, n);
+        crcs[i] = crc32c(buf + at, n, crcs[i]);
+      });
+    }
+    {
+      std::lock_guard lock(pending.mu);
+      if (!pending.first.ok()) job.failed = true;
+    }
+    if (job.failed) {
+      pool->release(buf);
+      if (!job.copy_mode) break;
+      continue;  // keep draining the caller's chunks so it never blocks
+    }
+    const uint64_t padded = std::min<uint64_t>((len + align - 1) / align * align, chunk);
+    if (padded > len) std::memset(buf + len, 0, padded - len);
+    { std::lock_guard lock(pending.mu); ++pending.count; }
+    writer->write_async(off, std::span<const std::byte>(buf, padded), [&, buf](Status st) {
+      pool->release(buf);
+      std::lock_guard lock(pending.mu);
+      if (!st.ok() && pending.first.ok()) pending.first = st;
+      if (--pending.count == 0) pending.cv.notify_all();
+    });
+  }
+  if (!job.copy_mode) job.handle->set_released();
+  {
+    std::unique_lock lock(pending.mu);
+    pending.cv.wait(lock, [&] { return pending.count == 0; });
+  }
+  Status st = pending.first;
+  if (st.ok() && job.failed) st = internal_error("save stopped early");
+  if (!st.ok()) {
+    writer->abort();
+    return st.annotate("write " + storage.describe() + "/" + key);
+  }
+  st = writer->finish(job.plan.total);
+  write_seconds = seconds_since(t0);
+  return st.annotate("make durable " + storage.describe() + "/" + key);
+}
+
+void CheckpointManager::Impl::drain_ready(SaveJob& job) {
+  if (!job.copy_mode) return;
+  while (std::byte* b = job.pop_ready()) pool->release(b);
+}
+
+Index CheckpointManager::Impl::build_index(const SaveJob& job, const std::vector<uint32_t>& crcs) {
+  Index index;
+  index.step = job.step;
+  index.created_unix_ns = job.created_unix_ns;
+  index.committed_unix_ns = unix_ns_now();
+  index.metadata_json = job.options.metadata_json.empty() ? "{}" : job.options.metadata_json;
+  const std::string file = data_file_name(job.paths.attempt, 0);
+  index.files.push_back({file, job.plan.total});
+  std::map<std::string, size_t> prefix_at;
+  for (const PlannedShard& ps : job.plan.shards) {
+    const LeafView& leaf = job.leaves[ps.leaf];
+    auto [it, fresh] = prefix_at.emplace(leaf.prefix, index.prefixes.size());
+    if (fresh) index.prefixes.push_back(PrefixRecord{leaf.prefix, {}});
+    auto& leaves = index.prefixes[it->second].leaves;
+    if (ps.shard == 0) leaves.push_back(LeafRecord{leaf.path, leaf.dtype, leaf.shape, {}});
+    ShardRecord rec;
+    rec.box = leaf.shards[ps.shard].box;
+    rec.file = file;
+    rec.offset = ps.offset;
+    rec.length = ps.length;
+    rec.crc32c = crcs[&ps - job.plan.shards.data()];
+    leaves.back().shards.push_back(std::move(rec));
+  }
+  return index;
+}
+
+void CheckpointManager::Impl::run_job(SaveJob& job) {
+  Storage& storage = owner->storage();
+  SaveStats stats;
+  stats.bytes = job.plan.total;
+  stats.stall_seconds = job.stall_seconds;
+
+  std::vector<uint32_t> crcs;
+  Status st = write_data(job, crcs, stats.write_seconds);
+  if (st.ok()) {
+    const auto t0 = Clock::now();
+    std::string json = serialize_index(build_index(job, crcs));
+    // The index we write must be one we can read back: never commit a step
+    // that discovery would reject.
+    auto check = parse_index(json);
+    st = check.ok() ? commit_attempt(storage, job.paths, json, job.options.overwrite)
+                    : check.status().annotate("internal: serialized index fails to parse");
+    stats.commit_seconds = seconds_since(t0);
+  }
+  if (!st.ok()) {
+    discard_attempt(storage, job.paths, {data_file_name(job.paths.attempt, 0)});
+    st = st.annotate("save step " + std::to_string(job.step));
+    spdlog::error("ckptio: {}", st.to_string());
+  } else {
+    spdlog::debug("ckptio: committed step {} ({} bytes)", job.step, stats.bytes);
+  }
+  stats.stall_seconds = job.stall_seconds;
+  stats.total_seconds = seconds_since(job.started);
+  job.owned.clear();
+
+  job.handle->finish(st, stats);
+  if (owner->options().on_commit) owner->options().on_commit(CommitEvent{job.step, st, stats});
+  if (st.ok() && (owner->options().max_to_keep > 0 || owner->options().keep_every > 0)) {
+    Status r = owner->apply_retention(owner->options().max_to_keep, owner->options().keep_every);
+    if (!r.ok()) spdlog::warn("ckptio: retention after step {}: {}", job.step, r.to_string());
+  }
+  {
+    std::lock_guard lock(mu);
+    attempts_in_flight.erase(job.paths.attempt);
+    if (!st.ok() && first_error.ok()) first_error = st;
+    --in_flight;
+  }
+  cv.notify_all();
+}
+
+// ---- Discovery, retention, gc ---------------------------------------------------
+
+Result<std::optional<Index>> CheckpointManager::Impl::load_index(const std::string& dir) {
+  auto text = owner->storage().get(index_key(dir), IndexLimits{}.max_bytes);
+  if (!text.ok()) {
+    if (text.status().code() == Code::kNotFound) return std::optional<Index>();
+    return text.status();
+  }
+  auto index = parse_index(*text);
+  if (!index.ok()) return index.status().annotate(owner->storage().describe() + "/" + index_key(dir));
+  return std::optional<Index>(std::move(index).value());
+}
+
+Result<std::vector<int64_t>> CheckpointManager::Impl::committed_steps(bool parse, bool newest_only) {
+  CKPTIO_ASSIGN_OR_RETURN(auto dirs, scan_step_dirs(owner->storage(), naming));
+  std::vector<int64_t> steps;
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
+    if (it->kind != StepDirKind::kFinal) continue;
+    if (!parse) {
+      auto st = owner->storage().stat(index_key(it->name));
+      if (st.ok()) steps.push_back(it->step);
+      else if (st.status().code() != Code::kNotFound) return st.status();
+      continue;
+    }
+    auto index = load_index(it->name);
+    if (!index.ok()) {
+      if (owner->options().strict || !index.status().data_loss()) return index.status();
+      spdlog::warn("ckptio: skipping step {}: {}", it->step, index.status().to_string());
+      continue;
+    }
+    if (!index->has_value()) continue;  // no index: not committed
+    steps.push_back(it->step);
+    if (newest_only) break;
+  }
+  std::reverse(steps.begin(), steps.end());
+  return steps;
+}
+
+Result<std::vector<int64_t>> CheckpointManager::all_steps() {
+  return impl_->committed_steps(/*parse=*/true, /*newest_only=*/false);
+}
+
+Result<std::optional<int64_t>> CheckpointManager::latest_step() {
+  CKPTIO_ASSIGN_OR_RETURN(auto steps, impl_->committed_steps(true, true));
+  if (steps.empty()) return std::optional<int64_t>();
+  return std::optional<int64_t>(steps.back());
+}
+
+Result<std::vector<StepInfo>> CheckpointManager::list_step_dirs() {
+  CKPTIO_ASSIGN_OR_RETURN(auto dirs, scan_step_dirs(*storage_, impl_->naming));
+  std::vector<StepInfo> out;
+  for (const StepDir& d : dirs) {
+    StepInfo info;
+    info.step = d.step;
+    info.name = d.name;
+    CKPTIO_ASSIGN_OR_RETURN(ListResult objs, storage_->list(d.name + "/", false));
+    for (const auto& o : objs.objects) info.bytes += o.size;
+    if (d.kind == StepDirKind::kFinal) {
+      auto index = impl_->load_index(d.name);
+      if (index.ok() && index->has_value()) {
+        info.committed = true;
+        info.committed_unix_ns = (*index)->committed_unix_ns;
+      }
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+Result<Index> CheckpointManager::read_index(int64_t step) {
+  CKPTIO_ASSIGN_OR_RETURN(auto index, impl_->load_index(impl_->naming.name(step)));
+  if (!index) return not_found("step " + std::to_string(step) + " is not committed at " + storage_->describe());
+  return std::move(*index);
+}
+
+Status CheckpointManager::remove_step(int64_t step) {
+  return delete_committed_step(*storage_, impl_->naming.name(step));
+}
+
+Status CheckpointManager::apply_retention(int max_to_keep, int64_t keep_every) {
+  CKPTIO_ASSIGN_OR_RETURN(auto steps, impl_->committed_steps(/*parse=*/false, false));
+  if (steps.empty() || max_to_keep <= 0) return Status::OK();
+  std::set<int64_t> keep(steps.end() - std::min<size_t>(steps.size(), max_to_keep), steps.end());
+  keep.insert(steps.back());  // never the latest
+  if (keep_every > 0)
+    for (int64_t s : steps)
+      if (s % keep_every == 0) keep.insert(s);
+  Status first;
+  for (int64_t s : steps) {
+    if (keep.count(s)) continue;
+    {
+      std::lock_guard lock(impl_->mu);
+      if (impl_->restoring.count(s)) continue;  // never under a reader
+    }
+    Status st = remove_step(s);
+    if (!st.ok() && first.ok()) first = st.annotate("retention: delete step " + std::to_string(s));
+  }
+  return first;
+}
+
+Status CheckpointManager::gc() {
+  CKPTIO_ASSIGN_OR_RETURN(auto dirs, scan_step_dirs(*storage_, impl_->naming));
+  Status first;
+  auto note = [&](Status st) { if (!st.ok() && first.ok()) first = st; };
+  for (const StepDir& d : dirs) {
+    {
+      std::lock_guard lock(impl_->mu);
+      if (impl_->attempts_in_flight.count(d.attempt)) continue;
+    }
+    if (d.kind != StepDirKind::kFinal) {
+      note(storage_->remove_prefix(d.name + "/"));
+      continue;
+    }
+    // Object stores: remove data objects no committed index references
+    // (failed attempts, replaced steps). Steps without an index are dead
+    // attempts and go whole.
+    if (storage_->caps().atomic_rename) continue;
+    auto index = impl_->load_index(d.name);
+    if (!index.ok()) continue;  // damaged: leave it for a human
+    std::set<std::string> live;
+    if (index->has_value())
+      for (const auto& f : (*index)->files) live.insert(d.name + "/" + f.name);
+    auto objs = storage_->list(d.name + "/", false);
+    if (!objs.ok()) { note(objs.status()); continue; }
+    for (const auto& o : objs->objects) {
+      if (o.key == index_key(d.name) || live.count(o.key)) continue;
+      bool in_flight = false;
+      {
+        std::lock_guard lock(impl_->mu);
+        for (const auto& a : impl_->attempts_in_flight)
+          if (o.key.find(a) != std::string::npos) in_flight = true;
+      }
+      if (!in_flight) note(storage_->remove(o.key));
+    }
+  }
+  return first;
+}
+
+}  // namespace ckptio

@@ -1,0 +1,64 @@
+// Internals of CheckpointManager shared by manager.cc and restore.cc.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckptio/manager.h"
+#include "src/layout.h"
+#include "src/staging.h"
+
+namespace ckptio {
+
+struct SaveHandle::State {
+  int64_t step = 0;
+  mutable std::mutex mu;  // guards the fields below
+  mutable std::condition_variable cv;
+  bool done = false;
+  bool released = false;
+  Status status;
+  SaveStats stats;
+
+  void set_released();
+  void finish(Status st, const SaveStats& s);
+};
+
+struct SaveJob;
+
+struct CheckpointManager::Impl {
+  CheckpointManager* owner = nullptr;
+  StepNaming naming = StepNaming::make("run-{step}").value();
+  uint64_t chunk = 0;
+  std::unique_ptr<BufferPool> pool;
+  std::thread worker;
+
+  std::mutex mu;  // guards everything below
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<SaveJob>> queue;
+  int in_flight = 0;
+  bool stopping = false;
+  Status first_error;
+  std::set<std::string> attempts_in_flight;
+  std::multiset<int64_t> restoring;
+
+  void worker_loop();
+  void run_job(SaveJob& job);
+  Status write_data(SaveJob& job, std::vector<uint32_t>& crcs, double& write_seconds);
+  void drain_ready(SaveJob& job);
+  Index build_index(const SaveJob& job, const std::vector<uint32_t>& crcs);
+
+  // Index of a step directory: nullopt if it has none (not committed).
+  Result<std::optional<Index>> load_index(const std::string& dir);
+  // Committed steps ascending; with `parse`, steps whose index fails to
+  // parse are skipped with a warning (an error when strict).
+  Result<std::vector<int64_t>> committed_steps(bool parse, bool newest_only);
+};
+
+}  // namespace ckptio

@@ -1,0 +1,357 @@
+// Restore: pick the step, parse its index (strictly), select leaves, check
+// them against a template, plan reads, read in batches through the backend
+// while the previous batch is checksummed, scatter shards into whole leaves,
+// cast if asked.
+//
+// Reads are planned per shard and cut into pieces of at most kPieceBytes so
+// that checksumming overlaps reading even for one huge leaf; a leaf held in
+// one shard is allocated so that its address agrees with the shard's file
+// offset modulo the backend's read alignment, letting direct I/O land in it
+// without a bounce copy.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "ckptio/manager.h"
+#include "src/cast.h"
+#include "src/crc32c.h"
+#include "src/layout.h"
+#include "src/manager_impl.h"
+
+namespace ckptio {
+namespace {
+
+constexpr uint64_t kPieceBytes = 64ull << 20;
+constexpr uint64_t kBatchBytes = 256ull << 20;
+
+using Clock = std::chrono::steady_clock;
+
+std::string leaf_name(const std::string& prefix, const LeafRecord& leaf) {
+  return prefix + "/" + leaf.path;
+}
+
+// True if `box` occupies one contiguous byte range of the C-order array of
+// `shape`; then `*element_offset` is where it starts.
+bool box_is_contiguous(const Box& box, const Shape& shape, uint64_t* element_offset) {
+  const size_t r = box.rank();
+  size_t k = r;  // dims >= k are spanned fully
+  while (k > 0 && box.start[k - 1] == 0 && box.stop[k - 1] == shape[k - 1]) --k;
+  // dims < k-1 must have extent 1 (the one at k-1 may be partial)
+  for (size_t d = 0; d + 1 < k; ++d)
+    if (box.stop[d] - box.start[d] != 1) return false;
+  uint64_t off = 0;
+  for (size_t d = 0; d < r; ++d) off = off * static_cast<uint64_t>(shape[d]) + box.start[d];
+  *element_offset = off;
+  return true;
+}
+
+// Copies a shard's C-order bytes into its box of the whole array.
+void scatter_box(const std::byte* src, const Box& box, const Shape& shape, size_t item,
+                 std::byte* dst) {
+  const size_t r = box.rank();
+  if (r == 0) { std::memcpy(dst, src, item); return; }
+  Shape ext = box.extent();
+  for (int64_t e : ext) if (e == 0) return;
+  // Innermost contiguous run: the last dim (merge full trailing dims).
+  size_t inner = r - 1;
+  uint64_t run = static_cast<uint64_t>(ext[inner]) * item;
+  while (inner > 0 && box.start[inner] == 0 && box.stop[inner] == shape[inner]) {
+    --inner;
+    run *= static_cast<uint64_t>(ext[inner]);
+  }
+  // Strides of the whole array, in bytes.
+  std::vector<uint64_t> stride(r);
+  uint64_t s = item;
+  for (size_t d = r; d-- > 0;) { stride[d] = s; s *= static_cast<uint64_t>(shape[d]); }
+  std::vector<int64_t> idx(box.start.begin(), box.start.begin() + inner);
+  for (;;) {
+    uint64_t off = 0;
+    for (size_t d = 0; d < inner; ++d) off += static_cast<uint64_t>(idx[d]) * stride[d];
+    off += static_cast<uint64_t>(box.start[inner]) * stride[inner];
+    std::memcpy(dst + off, src, run);
+    src += run;
+    size_t d = inner;
+    while (d > 0) {
+      --d;
+      if (++idx[d] < box.stop[d]) break;
+      idx[d] = box.start[d];
+      if (d == 0) return;
+    }
+    if (inner == 0) return;
+  }
+}
+
+struct ShardTask {
+  std::string where;      // "model/params.w shard 0 (file data-...bin)"
+  std::string key;        // data object
+  const ShardRecord* rec = nullptr;
+  std::byte* bytes = nullptr;   // where the shard's bytes land (leaf or temp)
+  Buffer temp;                  // when the shard is scattered afterwards
+  bool scatter = false;
+  size_t leaf = 0;              // index into the output leaves
+  uint32_t crc = 0;             // running checksum
+};
+
+struct Piece {
+  size_t task = 0;
+  uint64_t at = 0;   // offset inside the shard
+  uint64_t len = 0;
+};
+
+Status check_template(const std::vector<std::pair<std::string, const LeafRecord*>>& selected,
+                      const RestoreOptions& options) {
+  if (options.expected.empty()) return Status::OK();
+  std::map<std::string, const LeafRecord*> saved;
+  for (const auto& [prefix, leaf] : selected) saved[leaf_name(prefix, *leaf)] = leaf;
+  std::vector<std::string> missing, unexpected, mismatched;
+  std::set<std::string> expected_names;
+  for (const LeafSpec& e : options.expected) {
+    std::string name = e.prefix + "/" + e.path;
+    expected_names.insert(name);
+    auto it = saved.find(name);
+    if (it == saved.end()) { missing.push_back(name); continue; }
+    const LeafRecord& got = *it->second;
+    if (got.shape != e.shape)
+      mismatched.push_back(name + ": shape " + shape_to_string(got.shape) + " saved, " +
+                           shape_to_string(e.shape) + " expected");
+    if (got.dtype != e.dtype && !(options.allow_cast && can_cast(got.dtype, e.dtype)))
+      mismatched.push_back(name + ": dtype " + std::string(dtype_name(got.dtype)) + " saved, " +
+                           std::string(dtype_name(e.dtype)) + " expected");
+  }
+  for (const auto& [name, leaf] : saved)
+    if (!expected_names.count(name)) unexpected.push_back(name);
+  if (missing.empty() && unexpected.empty() && mismatched.empty()) return Status::OK();
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size() && i < 50; ++i) s += (i ? ", " : "") + v[i];
+    if (v.size() > 50) s += ", ... (" + std::to_string(v.size()) + " in all)";
+    return s;
+  };
+  std::string msg = "state does not match the template:";
+  if (!missing.empty()) msg += " missing leaves [" + join(missing) + "];";
+  if (!unexpected.empty()) msg += " unexpected leaves [" + join(unexpected) + "];";
+  if (!mismatched.empty()) msg += " mismatches [" + join(mismatched) + "];";
+  msg.pop_back();
+  return Status(Code::kFailedPrecondition, msg);
+}
+
+}  // namespace
+
+Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
+                                                 const RestoreOptions& options) {
+  const auto t0 = Clock::now();
+  Index index;
+  if (step) {
+    CKPTIO_ASSIGN_OR_RETURN(index, read_index(*step));
+  } else {
+    // Newest committed step whose index parses; older ones on failure.
+    CKPTIO_ASSIGN_OR_RETURN(auto dirs, scan_step_dirs(*storage_, impl_->naming));
+    bool found = false;
+    for (auto it = dirs.rbegin(); it != dirs.rend() && !found; ++it) {
+      if (it->kind != StepDirKind::kFinal) continue;
+      auto loaded = impl_->load_index(it->name);
+      if (!loaded.ok()) {
+        if (options_.strict || !loaded.status().data_loss()) return loaded.status();
+        spdlog::warn("ckptio: restore-latest skips step {}: {}", it->step, loaded.status().to_string());
+        continue;
+      }
+      if (!loaded->has_value()) continue;
+      index = std::move(**loaded);
+      found = true;
+    }
+    if (!found) return not_found("no committed step at " + storage_->describe());
+  }
+  const int64_t the_step = index.step;
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->restoring.insert(the_step);
+  }
+  struct Unmark {
+    Impl* impl; int64_t s;
+    ~Unmark() { std::lock_guard lock(impl->mu); impl->restoring.erase(impl->restoring.find(s)); }
+  } unmark{impl_.get(), the_step};
+
+  // Selection.
+  std::optional<std::regex> re;
+  if (!options.select.path_regex.empty()) {
+    try {
+      re.emplace(options.select.path_regex, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      return invalid_argument("bad path regex '" + options.select.path_regex + "': " + e.what());
+    }
+  }
+  std::vector<std::pair<std::string, const LeafRecord*>> selected;
+  for (const PrefixRecord& p : index.prefixes) {
+    if (!options.select.prefixes.empty() &&
+        std::find(options.select.prefixes.begin(), options.select.prefixes.end(), p.name) ==
+            options.select.prefixes.end())
+      continue;
+    for (const LeafRecord& leaf : p.leaves)
+      if (!re || std::regex_search(leaf.path, *re)) selected.emplace_back(p.name, &leaf);
+  }
+  CKPTIO_RETURN_IF_ERROR(check_template(selected, options));
+
+  // Allocate the leaves and plan one task per shard.
+  const std::string dir = impl_->naming.name(the_step);
+  const uint64_t align = std::max<uint64_t>(storage_->read_alignment(), 1);
+  RestoredState out;
+  out.step = the_step;
+  out.metadata_json = index.metadata_json;
+  std::vector<ShardTask> tasks;
+  for (const auto& [prefix, leaf] : selected) {
+    Tensor t;
+    t.prefix = prefix;
+    t.path = leaf->path;
+    t.dtype = leaf->dtype;
+    t.shape = leaf->shape;
+    const size_t item = dtype_size(leaf->dtype);
+    const uint64_t phase = leaf->shards.size() == 1 ? leaf->shards[0].offset % align : 0;
+    t.data = Buffer::allocate(leaf->num_bytes(), std::max<uint64_t>(align, 64), phase);
+    for (size_t i = 0; i < leaf->shards.size(); ++i) {
+      const ShardRecord& rec = leaf->shards[i];
+      ShardTask task;
+      task.where = leaf_name(prefix, *leaf) + " shard " + std::to_string(i) + " (file " + rec.file + ")";
+      task.key = dir + "/" + rec.file;
+      task.rec = &rec;
+      task.leaf = out.leaves.size();
+      uint64_t elem = 0;
+      if (box_is_contiguous(rec.box, leaf->shape, &elem)) {
+        task.bytes = t.data.data() + elem * item;
+      } else {
+        task.temp = Buffer::allocate(rec.length, align, rec.offset % align);
+        task.bytes = task.temp.data();
+        task.scatter = true;
+      }
+      tasks.push_back(std::move(task));
+    }
+    out.leaves.push_back(std::move(t));
+    out.stats.bytes_needed += leaf->num_bytes();
+  }
+
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < tasks.size(); ++i)
+    for (uint64_t at = 0; at < tasks[i].rec->length; at += kPieceBytes)
+      pieces.push_back(Piece{i, at, std::min(kPieceBytes, tasks[i].rec->length - at)});
+
+  // Checksums a batch of pieces, in order; completes shards at their end.
+  auto verify_batch = [&](size_t begin, size_t end) -> Status {
+    for (size_t p = begin; p < end; ++p) {
+      ShardTask& t = tasks[pieces[p].task];
+      if (!options.verify) continue;
+      t.crc = crc32c(t.bytes + pieces[p].at, pieces[p].len, t.crc);
+      if (pieces[p].at + pieces[p].len == t.rec->length && t.crc != t.rec->crc32c)
+        return data_loss("checksum mismatch in " + t.where + " of step " + std::to_string(the_step) +
+                         " at " + storage_->describe() + "/" + t.key);
+    }
+    return Status::OK();
+  };
+  auto read_batch = [&](size_t begin, size_t end) -> Status {
+    std::vector<ReadRequest> reqs;
+    for (size_t p = begin; p < end; ++p) {
+      const ShardTask& t = tasks[pieces[p].task];
+      reqs.push_back(ReadRequest{t.key, t.rec->offset + pieces[p].at, pieces[p].len,
+                                 t.bytes + pieces[p].at});
+      out.stats.bytes_read += pieces[p].len;
+    }
+    out.stats.requests += reqs.size();
+    Status st = storage_->read(reqs);
+    if (st.ok()) return st;
+    // Name the leaf: find the first request that fails on its own.
+    for (size_t p = begin; p < end; ++p) {
+      Status one = storage_->read(std::span<const ReadRequest>(&reqs[p - begin], 1));
+      if (!one.ok()) return one.annotate("restore " + tasks[pieces[p].task].where + " of step " + std::to_string(the_step));
+    }
+    return st.annotate("restore step " + std::to_string(the_step));
+  };
+
+  // Read batch i+1 while batch i is checksummed.
+  std::future<Status> verifying;
+  size_t begin = 0;
+  Status first;
+  while (begin < pieces.size() && first.ok()) {
+    size_t end = begin;
+    uint64_t bytes = 0;
+    while (end < pieces.size() && (end == begin || bytes + pieces[end].len <= kBatchBytes)) bytes += pieces[end++].len;
+    Status st = read_batch(begin, end);
+    if (verifying.valid()) {
+      Status v = verifying.get();
+      if (first.ok()) first = v;
+    }
+    if (!st.ok() && first.ok()) first = st;
+    if (first.ok()) verifying = std::async(std::launch::async, verify_batch, begin, end);
+    begin = end;
+  }
+  if (verifying.valid()) {
+    Status v = verifying.get();
+    if (first.ok()) first = v;
+  }
+  CKPTIO_RETURN_IF_ERROR(first);
+
+  // Scatter non-contiguous shards into their leaves.
+  for (ShardTask& t : tasks) {
+    if (!t.scatter) continue;
+    Tensor& leaf = out.leaves[t.leaf];
+    scatter_box(t.temp.data(), t.rec->box, leaf.shape, dtype_size(leaf.dtype), leaf.data.data());
+  }
+
+  // Casts: to the template's dtypes (allow_cast) or to float_dtype.
+  std::map<std::string, DType> want;
+  for (const LeafSpec& e : options.expected) want[e.prefix + "/" + e.path] = e.dtype;
+  for (Tensor& leaf : out.leaves) {
+    std::optional<DType> to;
+    auto it = want.find(leaf.prefix + "/" + leaf.path);
+    if (it != want.end() && it->second != leaf.dtype) to = it->second;
+    else if (options.float_dtype && dtype_is_float(leaf.dtype) && leaf.dtype != *options.float_dtype)
+      to = options.float_dtype;
+    if (!to) continue;
+    uint64_t n = checked_num_bytes(leaf.shape).value_or(0);
+    Buffer b = Buffer::allocate(n * dtype_size(*to));
+    CKPTIO_RETURN_IF_ERROR(cast_elements(leaf.dtype, *to, leaf.data.data(), b.data(), n));
+    leaf.data = std::move(b);
+    leaf.dtype = *to;
+  }
+  out.stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return out;
+}
+
+Status CheckpointManager::verify(int64_t step) {
+  CKPTIO_ASSIGN_OR_RETURN(Index index, read_index(step));
+  const std::string dir = impl_->naming.name(step);
+  for (const DataFileRecord& f : index.files) {
+    auto size = storage_->stat(dir + "/" + f.name);
+    if (!size.ok()) return size.status().annotate("verify step " + std::to_string(step) + ": data file " + f.name);
+    if (*size != f.size)
+      return data_loss("verify step " + std::to_string(step) + ": data file " + f.name + " has " +
+                       std::to_string(*size) + " bytes, the index records " + std::to_string(f.size));
+  }
+  // Stream every shard through a bounded scratch buffer.
+  Buffer scratch = Buffer::allocate(kPieceBytes, 4096);
+  for (const PrefixRecord& p : index.prefixes) {
+    for (const LeafRecord& leaf : p.leaves) {
+      for (size_t i = 0; i < leaf.shards.size(); ++i) {
+        const ShardRecord& rec = leaf.shards[i];
+        uint32_t crc = 0;
+        for (uint64_t at = 0; at < rec.length; at += kPieceBytes) {
+          uint64_t len = std::min(kPieceBytes, rec.length - at);
+          ReadRequest req{dir + "/" + rec.file, rec.offset + at, len, scratch.data()};
+          Status st = storage_->read(std::span<const ReadRequest>(&req, 1));
+          if (!st.ok())
+            return st.annotate("verify " + p.name + "/" + leaf.path + " shard " + std::to_string(i));
+          crc = crc32c(scratch.data(), len, crc);
+        }
+        if (crc != rec.crc32c)
+          return data_loss("checksum mismatch in " + p.name + "/" + leaf.path + " shard " +
+                           std::to_string(i) + " (file " + rec.file + ") of step " + std::to_string(step));
+      }
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace ckptio

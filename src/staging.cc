@@ -1,0 +1,120 @@
+#include "src/staging.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <utility>
+
+namespace ckptio {
+
+BufferPool::BufferPool(uint64_t chunk, uint64_t capacity)
+    : chunk_(chunk), capacity_(std::max<uint64_t>(capacity, 1)) {}
+
+BufferPool::~BufferPool() {
+  for (std::byte* b : free_) std::free(b);
+}
+
+std::byte* BufferPool::acquire() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return !free_.empty() || allocated_ < capacity_; });
+  if (!free_.empty()) {
+    std::byte* b = free_.back();
+    free_.pop_back();
+    return b;
+  }
+  ++allocated_;
+  lock.unlock();
+  void* p = std::aligned_alloc(4096, chunk_);
+  if (!p) std::abort();  // out of memory for a bounded, configured pool
+  return static_cast<std::byte*>(p);
+}
+
+void BufferPool::release(std::byte* buf) {
+  {
+    std::lock_guard lock(mu_);
+    free_.push_back(buf);
+  }
+  cv_.notify_one();
+}
+
+SavePlan plan_save(const std::vector<LeafView>& leaves) {
+  SavePlan plan;
+  for (size_t l = 0; l < leaves.size(); ++l) {
+    const LeafView& leaf = leaves[l];
+    const size_t item = dtype_size(leaf.dtype);
+    for (size_t s = 0; s < leaf.shards.size(); ++s) {
+      PlannedShard p;
+      p.leaf = l;
+      p.shard = s;
+      p.src = static_cast<const std::byte*>(leaf.shards[s].data);
+      p.length = checked_num_bytes(leaf.shards[s].box.extent(), item).value_or(0);
+      p.offset = plan.total;
+      plan.total += p.length;
+      plan.shards.push_back(p);
+    }
+  }
+  return plan;
+}
+
+namespace {
+
+bool boxes_intersect(const Box& a, const Box& b) {
+  for (size_t d = 0; d < a.rank(); ++d)
+    if (std::max(a.start[d], b.start[d]) >= std::min(a.stop[d], b.stop[d])) return false;
+  return true;
+}
+
+Status validate_leaf(const LeafView& leaf) {
+  const std::string name = leaf.prefix + "/" + leaf.path;
+  if (leaf.prefix.empty() || leaf.path.empty())
+    return invalid_argument("leaf '" + name + "': prefix and path must be non-empty");
+  if (leaf.prefix.find_first_of(std::string("/\\\0", 3)) != std::string::npos ||
+      leaf.path.find('\0') != std::string::npos)
+    return invalid_argument("leaf '" + name + "': prefix has '/', '\\' or NUL");
+  if (static_cast<int>(leaf.dtype) >= kNumDTypes)
+    return invalid_argument("leaf '" + name + "': unknown dtype");
+  auto total = checked_num_bytes(leaf.shape, dtype_size(leaf.dtype));
+  if (!total)
+    return invalid_argument("leaf '" + name + "': shape " + shape_to_string(leaf.shape) +
+                            " is negative or overflows 64 bits");
+  if (leaf.shards.empty()) return invalid_argument("leaf '" + name + "' has no shards");
+  uint64_t covered = 0;
+  for (size_t i = 0; i < leaf.shards.size(); ++i) {
+    const Box& b = leaf.shards[i].box;
+    if (b.start.size() != leaf.shape.size() || b.stop.size() != leaf.shape.size())
+      return invalid_argument("leaf '" + name + "' shard " + std::to_string(i) + ": box rank differs from shape");
+    for (size_t d = 0; d < b.rank(); ++d)
+      if (b.start[d] < 0 || b.start[d] > b.stop[d] || b.stop[d] > leaf.shape[d])
+        return invalid_argument("leaf '" + name + "' shard " + std::to_string(i) +
+                                ": box lies outside shape " + shape_to_string(leaf.shape));
+    uint64_t bytes = checked_num_bytes(b.extent(), dtype_size(leaf.dtype)).value_or(0);
+    if (bytes > 0 && leaf.shards[i].data == nullptr)
+      return invalid_argument("leaf '" + name + "' shard " + std::to_string(i) + ": null data");
+    covered += bytes;
+  }
+  // Pairwise overlap check: save() receives few shards per leaf per process.
+  for (size_t i = 0; i < leaf.shards.size(); ++i)
+    for (size_t j = i + 1; j < leaf.shards.size(); ++j)
+      if (boxes_intersect(leaf.shards[i].box, leaf.shards[j].box))
+        return invalid_argument("leaf '" + name + "': shards " + std::to_string(i) + " and " +
+                                std::to_string(j) + " overlap");
+  if (covered != *total)
+    return invalid_argument("leaf '" + name + "': shards do not cover the whole shape " +
+                            shape_to_string(leaf.shape));
+  return Status::OK();
+}
+
+}  // namespace
+
+Status validate_leaves(const std::vector<LeafView>& leaves) {
+  std::set<std::pair<std::string_view, std::string_view>> seen;
+  for (const LeafView& leaf : leaves) {
+    CKPTIO_RETURN_IF_ERROR(validate_leaf(leaf));
+    if (!seen.emplace(leaf.prefix, leaf.path).second)
+      return invalid_argument("leaf '" + leaf.prefix + "/" + leaf.path + "' appears twice");
+  }
+  return Status::OK();
+}
+
+}  // namespace ckptio

@@ -1,0 +1,115 @@
+#include "ckptio/types.h"
+
+#include <array>
+#include <cstdlib>
+#include <new>
+
+namespace ckptio {
+namespace {
+
+struct DTypeInfo {
+  DType type;
+  std::string_view name;
+  size_t size;
+};
+
+constexpr std::array<DTypeInfo, kNumDTypes> kDTypes{{
+    {DType::kBool, "bool", 1},
+    {DType::kInt8, "int8", 1},
+    {DType::kInt16, "int16", 2},
+    {DType::kInt32, "int32", 4},
+    {DType::kInt64, "int64", 8},
+    {DType::kUInt8, "uint8", 1},
+    {DType::kUInt16, "uint16", 2},
+    {DType::kUInt32, "uint32", 4},
+    {DType::kUInt64, "uint64", 8},
+    {DType::kFloat16, "float16", 2},
+    {DType::kBFloat16, "bfloat16", 2},
+    {DType::kFloat32, "float32", 4},
+    {DType::kFloat64, "float64", 8},
+    {DType::kFloat8E4M3FN, "float8_e4m3fn", 1},
+    {DType::kFloat8E5M2, "float8_e5m2", 1},
+    {DType::kComplex64, "complex64", 8},
+    {DType::kComplex128, "complex128", 16},
+}};
+
+}  // namespace
+
+std::string_view dtype_name(DType t) { return kDTypes[static_cast<size_t>(t)].name; }
+size_t dtype_size(DType t) { return kDTypes[static_cast<size_t>(t)].size; }
+
+std::optional<DType> parse_dtype(std::string_view s) {
+  for (const auto& d : kDTypes)
+    if (d.name == s) return d.type;
+  return std::nullopt;
+}
+
+bool dtype_is_float(DType t) {
+  return t == DType::kFloat16 || t == DType::kBFloat16 || t == DType::kFloat32 ||
+         t == DType::kFloat64;
+}
+
+Box Box::whole(const Shape& shape) {
+  Box b;
+  b.start.assign(shape.size(), 0);
+  b.stop = shape;
+  return b;
+}
+
+Shape Box::extent() const {
+  Shape e(start.size());
+  for (size_t i = 0; i < start.size(); ++i) e[i] = stop[i] - start[i];
+  return e;
+}
+
+std::optional<uint64_t> checked_num_bytes(const Shape& shape, size_t itemsize) {
+  uint64_t n = itemsize;
+  for (int64_t d : shape) {
+    if (d < 0) return std::nullopt;
+    uint64_t r;
+    if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &r)) return std::nullopt;
+    n = r;
+  }
+  return n;
+}
+
+std::string shape_to_string(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(s[i]);
+  }
+  return out + "]";
+}
+
+LeafView LeafView::full(std::string prefix, std::string path, DType dtype, Shape shape,
+                        const void* data) {
+  LeafView v;
+  v.prefix = std::move(prefix);
+  v.path = std::move(path);
+  v.dtype = dtype;
+  v.shards.push_back(ShardView{Box::whole(shape), data});
+  v.shape = std::move(shape);
+  return v;
+}
+
+uint64_t LeafView::num_bytes() const {
+  return checked_num_bytes(shape, dtype_size(dtype)).value_or(0);
+}
+
+Buffer Buffer::allocate(size_t size, size_t alignment, size_t phase) {
+  if (alignment < 64) alignment = 64;
+  phase &= alignment - 1;
+  size_t total = size + phase;
+  total = (total + alignment - 1) / alignment * alignment;
+  if (total == 0) total = alignment;
+  void* p = std::aligned_alloc(alignment, total);
+  if (!p) throw std::bad_alloc();
+  Buffer b;
+  b.base_ = std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
+  b.data_ = b.base_.get() + phase;
+  b.size_ = size;
+  return b;
+}
+
+}  // namespace ckptio

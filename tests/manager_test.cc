@@ -1,0 +1,466 @@
+// CheckpointManager end to end over the memory backends (POSIX-like and
+// object-store-like) and the local io_uring backend: save, commit, discover,
+// restore, callbacks, retention, overwrite, casts, selection, templates,
+// failures and corruption.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/local/local_storage.h"
+#include "backends/memory/memory_storage.h"
+#include "ckptio/ckptio.h"
+
+namespace ckptio {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A leaf with owned random bytes.
+struct OwnedLeaf {
+  std::string prefix, path;
+  DType dtype;
+  Shape shape;
+  std::vector<std::byte> bytes;
+};
+
+std::vector<std::byte> random_bytes(size_t n, uint64_t seed) {
+  std::vector<std::byte> v(n);
+  std::mt19937_64 rng(seed);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t x = rng();
+    std::memcpy(&v[i], &x, 8);
+  }
+  for (; i < n; ++i) v[i] = static_cast<std::byte>(rng());
+  return v;
+}
+
+OwnedLeaf make_leaf(std::string prefix, std::string path, DType dtype, Shape shape, uint64_t seed) {
+  size_t n = checked_num_bytes(shape, dtype_size(dtype)).value();
+  return OwnedLeaf{std::move(prefix), std::move(path), dtype, std::move(shape), random_bytes(n, seed)};
+}
+
+std::vector<LeafView> views(const std::vector<OwnedLeaf>& leaves) {
+  std::vector<LeafView> v;
+  for (const auto& l : leaves) v.push_back(LeafView::full(l.prefix, l.path, l.dtype, l.shape, l.bytes.data()));
+  return v;
+}
+
+std::vector<OwnedLeaf> sample_state(uint64_t seed) {
+  std::vector<OwnedLeaf> s;
+  s.push_back(make_leaf("model", "params.embed.embedding", DType::kFloat32, {300, 17}, seed + 1));
+  s.push_back(make_leaf("model", "params.layers.0.attn.q_proj.kernel", DType::kBFloat16, {64, 129}, seed + 2));
+  s.push_back(make_leaf("model", "params.scalar", DType::kFloat64, {}, seed + 3));
+  s.push_back(make_leaf("model", "params.empty", DType::kInt32, {0, 5}, seed + 4));
+  s.push_back(make_leaf("tx", "opt_state.count", DType::kInt32, {}, seed + 5));
+  s.push_back(make_leaf("tx", "opt_state.mu.kernel", DType::kFloat32, {1000, 33}, seed + 6));
+  return s;
+}
+
+void expect_restored(const RestoredState& r, const std::vector<OwnedLeaf>& want) {
+  ASSERT_EQ(r.leaves.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const Tensor& t = r.leaves[i];
+    EXPECT_EQ(t.prefix, want[i].prefix);
+    EXPECT_EQ(t.path, want[i].path);
+    EXPECT_EQ(t.dtype, want[i].dtype);
+    EXPECT_EQ(t.shape, want[i].shape);
+    ASSERT_EQ(t.data.size(), want[i].bytes.size()) << t.path;
+    EXPECT_EQ(std::memcmp(t.data.data(), want[i].bytes.data(), want[i].bytes.size()), 0) << t.path;
+  }
+}
+
+enum class Backend { kMemoryPosix, kMemoryObject, kLocal };
+
+class ManagerTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    switch (GetParam()) {
+      case Backend::kMemoryPosix: base_ = make_memory_storage(true); break;
+      case Backend::kMemoryObject: base_ = make_memory_storage(false); break;
+      case Backend::kLocal: {
+        dir_ = fs::temp_directory_path() / ("ckptio-mgr-" + std::to_string(::getpid()) + "-" +
+                                            std::to_string(counter_++));
+        fs::remove_all(dir_);
+        auto s = make_local_storage(dir_.string());
+        ASSERT_TRUE(s.ok()) << s.status().to_string();
+        base_ = *s;
+        break;
+      }
+    }
+    faults_ = make_fault_storage(base_);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  std::unique_ptr<CheckpointManager> manager(ManagerOptions o = {}) {
+    if (o.chunk_size == 0) o.chunk_size = 64 * 1024;  // many chunks per save
+    return std::make_unique<CheckpointManager>(faults_, std::move(o));
+  }
+
+  std::shared_ptr<Storage> base_;
+  std::shared_ptr<FaultStorage> faults_;
+  fs::path dir_;
+  static inline int counter_ = 0;
+};
+
+TEST_P(ManagerTest, SaveCommitRestoreLatest) {
+  auto m = manager();
+  auto state = sample_state(1);
+  auto h = m->save(7, views(state), {.metadata_json = R"({"data_pos": 123, "rng": [1, 2]})"});
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+  EXPECT_TRUE(h->done());
+  EXPECT_TRUE(h->released());
+  EXPECT_GT(h->stats().bytes, 0u);
+
+  auto steps = m->all_steps();
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ(*steps, std::vector<int64_t>{7});
+  auto r = m->restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->step, 7);
+  EXPECT_NE(r->metadata_json.find("\"data_pos\":123"), std::string::npos) << r->metadata_json;
+  expect_restored(*r, state);
+  EXPECT_EQ(r->stats.bytes_needed, h->stats().bytes);
+}
+
+TEST_P(ManagerTest, BorrowModeAndTinyPoolRoundTrip) {
+  for (StagingMode mode : {StagingMode::kCopy, StagingMode::kBorrow}) {
+    ManagerOptions o;
+    o.staging = mode;
+    o.chunk_size = 8192;
+    o.staging_budget = 8192 * 2;  // the pool is far smaller than the state
+    auto m = manager(o);
+    auto state = sample_state(mode == StagingMode::kCopy ? 10 : 20);
+    int64_t step = mode == StagingMode::kCopy ? 1 : 2;
+    auto h = m->save(step, views(state));
+    ASSERT_TRUE(h.ok());
+    h->wait_released();
+    ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+    auto r = m->restore(step);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    expect_restored(*r, state);
+  }
+}
+
+TEST_P(ManagerTest, CopyModeLetsCallerReuseBuffersAtOnce) {
+  auto m = manager({.staging = StagingMode::kCopy});
+  auto state = sample_state(3);
+  auto saved = state;
+  auto h = m->save(1, views(state));
+  ASSERT_TRUE(h.ok());
+  for (auto& l : state) std::fill(l.bytes.begin(), l.bytes.end(), std::byte{0xAB});
+  ASSERT_TRUE(h->wait().ok());
+  auto r = m->restore(1);
+  ASSERT_TRUE(r.ok());
+  expect_restored(*r, saved);
+}
+
+TEST_P(ManagerTest, CallbacksRunOncePerSaveWithStatus) {
+  std::mutex mu;
+  std::vector<std::pair<int64_t, bool>> events;
+  ManagerOptions o;
+  o.max_in_flight = 2;
+  o.on_commit = [&](const CommitEvent& e) {
+    std::lock_guard lock(mu);
+    events.emplace_back(e.step, e.status.ok());
+  };
+  auto m = manager(o);
+  auto state = sample_state(4);
+  for (int64_t s = 1; s <= 4; ++s) ASSERT_TRUE(m->save(s, views(state)).ok());
+  faults_->add_rule(FaultRule{.op = FaultOp::kWrite, .key_substr = "run-5", .code = Code::kIOError});
+  ASSERT_TRUE(m->save(5, views(state)).ok());  // accepted; fails in the background
+  Status all = m->wait_until_finished();
+  EXPECT_FALSE(all.ok());
+  EXPECT_NE(all.message().find("step 5"), std::string::npos) << all.to_string();
+  std::lock_guard lock(mu);
+  ASSERT_EQ(events.size(), 5u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(events[i], std::make_pair<int64_t, bool>(i + 1, true));
+  EXPECT_EQ(events[4], std::make_pair<int64_t, bool>(5, false));
+}
+
+TEST_P(ManagerTest, FailedSaveLeavesPreviousLatestIntactAndNoGarbageAfterGc) {
+  auto m = manager();
+  auto state1 = sample_state(5);
+  ASSERT_TRUE(m->save(1, views(state1)).value().wait().ok());
+  for (FaultOp op : {FaultOp::kWrite, FaultOp::kFinish, FaultOp::kPut, FaultOp::kRename, FaultOp::kCreate}) {
+    if (op == FaultOp::kRename && !base_->caps().atomic_rename) continue;
+    for (Code code : {Code::kNoSpace, Code::kIOError, Code::kPermissionDenied}) {
+      faults_->clear_rules();
+      faults_->add_rule(FaultRule{.op = op, .code = code, .message = "injected"});
+      auto state2 = sample_state(6);
+      auto h = m->save(2, views(state2));
+      ASSERT_TRUE(h.ok()) << h.status().to_string();
+      Status st = h->wait();
+      EXPECT_FALSE(st.ok()) << "op " << static_cast<int>(op);
+      EXPECT_EQ(st.code(), code) << st.to_string();
+      faults_->clear_rules();
+      auto latest = m->latest_step();
+      ASSERT_TRUE(latest.ok());
+      EXPECT_EQ(latest->value_or(-1), 1) << "op " << static_cast<int>(op);
+      auto r = m->restore(std::nullopt);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      expect_restored(*r, state1);
+    }
+  }
+  (void)m->wait_until_finished();
+  ASSERT_TRUE(m->gc().ok());
+  auto listed = base_->list("", false);
+  ASSERT_TRUE(listed.ok());
+  for (const auto& o : listed->objects) EXPECT_EQ(o.key.rfind("run-1/", 0), 0u) << o.key;
+}
+
+TEST_P(ManagerTest, ExistingStepNeedsOverwriteWhichIsAtomic) {
+  auto m = manager();
+  auto a = sample_state(7), b = sample_state(8);
+  ASSERT_TRUE(m->save(3, views(a)).value().wait().ok());
+  auto again = m->save(3, views(b));
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), Code::kAlreadyExists);
+  ASSERT_TRUE(m->save(3, views(b), {.overwrite = true}).value().wait().ok());
+  auto r = m->restore(3);
+  ASSERT_TRUE(r.ok());
+  expect_restored(*r, b);
+  // A failed overwrite keeps the old step.
+  faults_->add_rule(FaultRule{.op = FaultOp::kFinish, .code = Code::kIOError});
+  EXPECT_FALSE(m->save(3, views(a), {.overwrite = true}).value().wait().ok());
+  faults_->clear_rules();
+  r = m->restore(3);
+  ASSERT_TRUE(r.ok());
+  expect_restored(*r, b);
+  ASSERT_TRUE(m->gc().ok());
+  EXPECT_TRUE(m->verify(3).ok());
+}
+
+TEST_P(ManagerTest, RetentionKeepsLastAndEveryK) {
+  auto m = manager({.max_to_keep = 2, .keep_every = 4});
+  auto state = sample_state(9);
+  for (int64_t s = 1; s <= 9; ++s) ASSERT_TRUE(m->save(s, views(state)).value().wait().ok());
+  ASSERT_TRUE(m->wait_until_finished().ok());
+  auto steps = m->all_steps();
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ(*steps, (std::vector<int64_t>{4, 8, 9}));
+  ASSERT_TRUE(m->gc().ok());
+  auto dirs = m->list_step_dirs();
+  ASSERT_TRUE(dirs.ok());
+  EXPECT_EQ(dirs->size(), 3u);
+}
+
+TEST_P(ManagerTest, SelectionByPrefixAndRegex) {
+  auto m = manager();
+  auto state = sample_state(11);
+  ASSERT_TRUE(m->save(1, views(state)).value().wait().ok());
+  auto r = m->restore(1, {.select = {.prefixes = {"tx"}}});
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->leaves.size(), 2u);
+  EXPECT_EQ(r->leaves[0].prefix, "tx");
+  r = m->restore(1, {.select = {.path_regex = "attn\\.q_proj"}});
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->leaves.size(), 1u);
+  EXPECT_EQ(r->leaves[0].path, "params.layers.0.attn.q_proj.kernel");
+  EXPECT_LT(r->stats.bytes_read, 64 * 129 * 2 + 1u);
+  EXPECT_FALSE(m->restore(1, {.select = {.path_regex = "("}}).ok());
+}
+
+TEST_P(ManagerTest, TemplateMismatchesReportedTogether) {
+  auto m = manager();
+  auto state = sample_state(12);
+  ASSERT_TRUE(m->save(1, views(state)).value().wait().ok());
+  RestoreOptions o;
+  o.select.prefixes = {"model"};
+  o.expected = {{"model", "params.embed.embedding", DType::kFloat32, {300, 18}},
+                {"model", "params.layers.0.attn.q_proj.kernel", DType::kFloat32, {64, 129}},
+                {"model", "params.scalar", DType::kFloat64, {}},
+                {"model", "params.nonexistent", DType::kFloat32, {1}}};
+  auto r = m->restore(1, o);
+  ASSERT_FALSE(r.ok());
+  const std::string& msg = r.status().message();
+  EXPECT_NE(msg.find("missing leaves [model/params.nonexistent]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unexpected leaves [model/params.empty]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("shape [300, 17] saved, [300, 18] expected"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("dtype bfloat16 saved, float32 expected"), std::string::npos) << msg;
+  // With allow_cast and the right shapes, bfloat16 -> float32 casts.
+  o.expected[0].shape = {300, 17};
+  o.expected.pop_back();
+  o.expected.push_back({"model", "params.empty", DType::kInt32, {0, 5}});
+  o.allow_cast = true;
+  r = m->restore(1, o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->leaves[1].dtype, DType::kFloat32);
+  EXPECT_EQ(r->leaves[1].data.size(), 64u * 129 * 4);
+}
+
+TEST_P(ManagerTest, FloatDtypeCastOnSave) {
+  auto m = manager();
+  std::vector<float> w = {1.0f, -2.5f, 3.14159f, 65504.0f, 1e-3f, 0.0f};
+  std::vector<LeafView> state = {LeafView::full("model", "w", DType::kFloat32, {6}, w.data())};
+  ASSERT_TRUE(m->save(1, state, {.float_dtype = DType::kBFloat16}).value().wait().ok());
+  auto idx = m->read_index(1);
+  ASSERT_TRUE(idx.ok());
+  EXPECT_EQ(idx->prefixes[0].leaves[0].dtype, DType::kBFloat16);
+  auto r = m->restore(1, {.float_dtype = DType::kFloat32});
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->leaves[0].dtype, DType::kFloat32);
+  const float* got = reinterpret_cast<const float*>(r->leaves[0].data.data());
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(got[i], w[i], std::abs(w[i]) / 128 + 1e-6) << i;
+  EXPECT_EQ(got[0], 1.0f);
+  EXPECT_EQ(got[1], -2.5f);
+}
+
+TEST_P(ManagerTest, MultiShardLeafIsScatteredBack) {
+  // A 6x10 float32 leaf held as four shards (a 2x2 grid of uneven boxes).
+  auto m = manager();
+  std::vector<float> full(60);
+  for (int i = 0; i < 60; ++i) full[i] = static_cast<float>(i);
+  auto box_bytes = [&](int r0, int r1, int c0, int c1) {
+    std::vector<float> v;
+    for (int r = r0; r < r1; ++r)
+      for (int c = c0; c < c1; ++c) v.push_back(full[r * 10 + c]);
+    return v;
+  };
+  auto s00 = box_bytes(0, 4, 0, 3), s01 = box_bytes(0, 4, 3, 10), s10 = box_bytes(4, 6, 0, 3),
+       s11 = box_bytes(4, 6, 3, 10);
+  LeafView leaf;
+  leaf.prefix = "model";
+  leaf.path = "grid";
+  leaf.dtype = DType::kFloat32;
+  leaf.shape = {6, 10};
+  leaf.shards = {{{{0, 0}, {4, 3}}, s00.data()}, {{{0, 3}, {4, 10}}, s01.data()},
+                 {{{4, 0}, {6, 3}}, s10.data()}, {{{4, 3}, {6, 10}}, s11.data()}};
+  ASSERT_TRUE(m->save(1, {leaf}).value().wait().ok());
+  auto idx = m->read_index(1);
+  ASSERT_TRUE(idx.ok());
+  EXPECT_EQ(idx->prefixes[0].leaves[0].shards.size(), 4u);
+  auto r = m->restore(1);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->leaves[0].data.size(), 240u);
+  EXPECT_EQ(std::memcmp(r->leaves[0].data.data(), full.data(), 240), 0);
+  // Overlapping or incomplete shard sets are refused up front.
+  leaf.shards.pop_back();
+  EXPECT_EQ(m->save(2, {leaf}).status().code(), Code::kInvalidArgument);
+}
+
+TEST_P(ManagerTest, CorruptDataIsNamedAndBadIndexIsSkipped) {
+  auto m = manager();
+  auto s1 = sample_state(13), s2 = sample_state(14);
+  ASSERT_TRUE(m->save(1, views(s1)).value().wait().ok());
+  ASSERT_TRUE(m->save(2, views(s2)).value().wait().ok());
+  // Flip one byte of step 2's data: verify and restore name the leaf.
+  auto idx = m->read_index(2);
+  ASSERT_TRUE(idx.ok());
+  const LeafRecord& victim = idx->prefixes[1].leaves[1];  // tx/opt_state.mu.kernel
+  const std::string key = "run-2/" + victim.shards[0].file;
+  auto data = base_->get(key, 1ull << 30);
+  ASSERT_TRUE(data.ok());
+  (*data)[victim.shards[0].offset + 5] ^= 0x01;
+  ASSERT_TRUE(base_->remove(key).ok());
+  auto w = base_->create(key, data->size());
+  ASSERT_TRUE(w.ok());
+  std::vector<std::byte> aligned(((data->size() + 4095) / 4096) * 4096 + 4096);
+  std::byte* p = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(aligned.data()) + 4095) & ~uintptr_t{4095});
+  std::memcpy(p, data->data(), data->size());
+  std::memset(p + data->size(), 0, ((data->size() + 4095) / 4096) * 4096 - data->size());
+  uint64_t len = (*w)->granularity() > 1 ? ((data->size() + 4095) / 4096) * 4096 : data->size();
+  std::promise<Status> done;
+  (*w)->write_async(0, {p, len}, [&](Status st) { done.set_value(st); });
+  ASSERT_TRUE(done.get_future().get().ok());
+  ASSERT_TRUE((*w)->finish(data->size()).ok());
+
+  Status v = m->verify(2);
+  EXPECT_EQ(v.code(), Code::kDataLoss);
+  EXPECT_NE(v.message().find("tx/opt_state.mu.kernel shard 0"), std::string::npos) << v.to_string();
+  auto r = m->restore(2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("tx/opt_state.mu.kernel"), std::string::npos) << r.status().to_string();
+  EXPECT_TRUE(m->verify(1).ok());
+
+  // Damage step 2's index: discovery skips it, restore-latest falls back.
+  std::string junk = "{\"format\": \"ckptio\", \"version\": 1, broken";
+  ASSERT_TRUE(base_->put("run-2/ckptio_index.json", {reinterpret_cast<const std::byte*>(junk.data()), junk.size()}).ok());
+  auto latest = m->latest_step();
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->value_or(-1), 1);
+  auto rl = m->restore(std::nullopt);
+  ASSERT_TRUE(rl.ok()) << rl.status().to_string();
+  EXPECT_EQ(rl->step, 1);
+  expect_restored(*rl, s1);
+  // Strict mode refuses instead.
+  auto strict = manager({.strict = true});
+  EXPECT_FALSE(strict->restore(std::nullopt).ok());
+  EXPECT_FALSE(strict->all_steps().ok());
+}
+
+TEST_P(ManagerTest, EmptyStateAndManyTinyLeaves) {
+  auto m = manager();
+  ASSERT_TRUE(m->save(1, {}).value().wait().ok());
+  auto r = m->restore(1);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(r->leaves.empty());
+
+  std::vector<OwnedLeaf> many;
+  for (int i = 0; i < 10000; ++i)
+    many.push_back(make_leaf(i % 2 ? "model" : "tx", "leaf." + std::to_string(i), DType::kUInt8,
+                             {static_cast<int64_t>(i % 7)}, i));
+  auto h = m->save(2, views(many));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+  r = m->restore(2);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->leaves.size(), many.size());
+  // restore returns leaves grouped by prefix in index order
+  size_t checked = 0;
+  for (const Tensor& t : r->leaves) {
+    int i = std::stoi(t.path.substr(5));
+    ASSERT_EQ(t.data.size(), many[i].bytes.size());
+    EXPECT_EQ(std::memcmp(t.data.data(), many[i].bytes.data(), t.data.size()), 0);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 10000u);
+}
+
+TEST_P(ManagerTest, StepFormatFollowsOption) {
+  auto m = manager({.step_format = "{step}"});
+  auto state = sample_state(15);
+  ASSERT_TRUE(m->save(42, views(state)).value().wait().ok());
+  EXPECT_TRUE(base_->stat("42/ckptio_index.json").ok());
+  EXPECT_EQ(m->latest_step().value().value_or(-1), 42);
+  auto other = manager();  // run-{step}: does not see "42"
+  EXPECT_FALSE(other->latest_step().value().has_value());
+}
+
+TEST_P(ManagerTest, InvalidInputIsRefusedAtOnce) {
+  auto m = manager();
+  std::vector<float> w(4);
+  EXPECT_EQ(m->save(-1, {}).status().code(), Code::kInvalidArgument);
+  auto dup = {LeafView::full("model", "a", DType::kFloat32, {4}, w.data()),
+              LeafView::full("model", "a", DType::kFloat32, {4}, w.data())};
+  EXPECT_EQ(m->save(1, dup).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(m->save(1, {LeafView::full("", "a", DType::kFloat32, {4}, w.data())}).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(m->save(1, {LeafView::full("model", "a", DType::kFloat32, {-4}, w.data())}).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(m->save(1, {LeafView::full("model", "a", DType::kFloat32, {4}, nullptr)}).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(m->restore(5).status().code(), Code::kNotFound);
+  EXPECT_EQ(m->restore(std::nullopt).status().code(), Code::kNotFound);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ManagerTest,
+                         ::testing::Values(Backend::kMemoryPosix, Backend::kMemoryObject, Backend::kLocal),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case Backend::kMemoryPosix: return std::string("MemoryPosix");
+                             case Backend::kMemoryObject: return std::string("MemoryObjectStore");
+                             default: return std::string("Local");
+                           }
+                         });
+
+}  // namespace
+}  // namespace ckptio

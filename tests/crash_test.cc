@@ -46,7 +46,10 @@ StepState state_for_step(int64_t s, uint64_t leaf_bytes) {
     size_t n = checked_num_bytes(shapes[i], dtype_size(dtypes[i])).value();
     std::vector<std::byte> b(n);
     std::mt19937_64 rng(static_cast<uint64_t>(s) * 1000 + i);
-    for (size_t k = 0; k < n; ++k) b[k] = static_cast<std::byte>(rng() >> 56);
+    for (size_t k = 0; k < n; k += 8) {
+      uint64_t x = rng();
+      std::memcpy(b.data() + k, &x, std::min<size_t>(8, n - k));
+    }
     st.bytes.push_back(std::move(b));
   }
   for (int i = 0; i < 4; ++i)
@@ -113,7 +116,7 @@ TEST(CrashTest, SigkillAtRandomMomentsNeverExposesPartialStep) {
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) saver_child(dir, leaf_bytes, k % 2 == 1);
-    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 150000));
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 400000));
     ::kill(pid, SIGKILL);
     int status = 0;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);

@@ -182,8 +182,12 @@ TEST_P(ManagerTest, CallbacksRunOncePerSaveWithStatus) {
   EXPECT_NE(all.message().find("step 5"), std::string::npos) << all.to_string();
   std::lock_guard lock(mu);
   ASSERT_EQ(events.size(), 5u);
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(events[i], std::make_pair<int64_t, bool>(i + 1, true));
-  EXPECT_EQ(events[4], std::make_pair<int64_t, bool>(5, false));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(events[i].first, i + 1);
+    EXPECT_TRUE(events[i].second);
+  }
+  EXPECT_EQ(events[4].first, 5);
+  EXPECT_FALSE(events[4].second);
 }
 
 TEST_P(ManagerTest, FailedSaveLeavesPreviousLatestIntactAndNoGarbageAfterGc) {

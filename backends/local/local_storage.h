@@ -1,13 +1,24 @@
 // Local-disk backend: files under a root directory, data I/O through io_uring.
 //
+// One io_uring per Storage (backends/local/ring.h), shared by every writer
+// and every direct read, with a single completion thread and at most
+// queue_depth operations in flight (write_async blocks beyond that).
 // Writes: O_DIRECT from the core's 4096-aligned staging buffers when the file
-// system allows it (else buffered), batched into one ring per object with a
-// single completion thread; finish() fsyncs through the ring. Reads: either
-// O_DIRECT through the ring, or buffered preads that benefit from kernel
-// readahead (StorageOptions::read_mode; the default comes from measurement,
-// see README "Benchmarks"). put() writes a temporary file, fsyncs it, renames
-// it over the key and fsyncs the directory. rename() of a prefix is a
-// directory rename (renameat2 RENAME_NOREPLACE / RENAME_EXCHANGE).
+// system allows it (else buffered; direct_io "on" fails instead), into a
+// temporary beside the key, split into request_size SQEs; finish() trims,
+// fsyncs through the ring and renames the temporary over the key
+// (writer.cc). Reads (StorageOptions::read_mode): "direct" = O_DIRECT through
+// the ring, zero-copy when dst and offset agree modulo read_alignment() (4096);
+// "buffered" = pread()s on a few threads with kernel readahead. Defaults,
+// measured on the CI machine (tests/local_storage_test.cc LocalStorageBench):
+// read_mode "direct", request_size 8 MiB, queue_depth 32.
+// put() writes a temporary file, fsyncs it, renames it over the key and
+// fsyncs the directory (local_storage.cc). rename() of a prefix is a
+// directory rename (renameat2 RENAME_NOREPLACE / RENAME_EXCHANGE), then an
+// fsync of the parent directories.
+// list() shows directories as prefixes even when empty (so a dead staging
+// directory can be found and removed) and hides the backend's own
+// temporaries ("<name>.tmp-ckptio-<16 hex>", see keys.h).
 #pragma once
 
 #include <memory>

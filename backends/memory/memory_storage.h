@@ -14,7 +14,23 @@ namespace ckptio {
 // An in-process object store. caps: atomic_rename and atomic_exchange true
 // (it models a POSIX directory tree well enough for the commit protocol) when
 // `posix_like`, else an object store with no rename.
+//
+// Writes are buffered per WritableObject and published atomically by finish();
+// write_async() runs its callback synchronously, on the calling thread, before
+// returning. granularity() and alignment() are 1. The write contract is
+// enforced to catch core bugs: an overlapping range fails its write (and
+// finish) with kInvalidArgument; finish() fails with kInternal unless the
+// ranges cover [0, final_size) exactly (no holes, no bytes past the end).
+// Keys follow the local backend's rules (no empty or "." components, no
+// trailing '/'); a POSIX-like store does not model a file and a directory of
+// the same name being exclusive. sync() is a no-op: everything is durable on
+// return (use make_fault_storage() to model power loss).
 std::shared_ptr<Storage> make_memory_storage(bool posix_like = true);
+
+// The process-wide store called `name` (POSIX-like), created on first use and
+// kept for the life of the process: the same instance for the same name.
+// open_storage("mem://NAME") returns it. Thread-safe.
+std::shared_ptr<Storage> memory_storage_named(const std::string& name);
 
 // Operations the fault injector can target.
 enum class FaultOp : uint8_t {
@@ -32,12 +48,18 @@ struct FaultRule {
 };
 
 // Wraps `base`. Every call first consults the rules; a firing rule returns its
-// error without touching `base`. It also tracks durability the way RocksDB's
+// error without touching `base` (a kWrite fault reaches the write's callback,
+// and finish() then fails too). Rules are consulted in the order added; the
+// first that fires wins. It also tracks durability the way RocksDB's
 // FaultInjectionTestFS does: an object is durable once finish() or put()
-// returned OK *and* the directory holding it was sync()ed afterwards (or at
-// put); a rename is durable once the parent of both prefixes was sync()ed.
-// drop_unsynced() then simulates a power cut: it removes from `base` every
-// object that is not durable and undoes renames that are not durable.
+// returned OK *and* the directory holding it was sync()ed afterwards (put
+// syncs its own directory); a rename is durable on return, or, with
+// FaultStorageOptions::rename_durable_on_return = false, once the parents of
+// both prefixes were sync()ed. Over a base without atomic_rename (an object
+// store) a finished object is durable at once. drop_unsynced() then simulates
+// a power cut: it removes from `base` every object that is not durable and
+// undoes renames that are not durable. The full model is at the top of
+// fault_storage.cc.
 class FaultStorage : public Storage {
  public:
   virtual void add_rule(const FaultRule& rule) = 0;
@@ -48,10 +70,27 @@ class FaultStorage : public Storage {
   // Simulates a power cut (see above). Call with no operation in flight.
   virtual Status drop_unsynced() = 0;
   // Called before every operation with its kind and key; tests use it to
-  // stop or crash a process at an exact point.
+  // stop or crash a process at an exact point. read() calls it once per
+  // request; rename() passes `from`; remove_prefix() is kRemove with the
+  // prefix; list() and sync() pass their prefix. It runs on the calling
+  // thread (for kWrite, the writer's thread), outside the wrapper's locks.
   virtual void set_hook(std::function<void(FaultOp, const std::string&)> hook) = 0;
+  // Simulates the machine stopping: the first `ops` operations pass, every
+  // later one fails with kIOError ("simulated power cut") without reaching
+  // `base`. Pair with drop_unsynced() for a power-loss test.
+  virtual void crash_after(uint64_t ops) = 0;
+  virtual bool crashed() const = 0;
 };
 
-std::shared_ptr<FaultStorage> make_fault_storage(std::shared_ptr<Storage> base);
+struct FaultStorageOptions {
+  // rename() is durable when it returns (the local backend fsyncs the parent
+  // directory inside rename). When false, a rename is durable only once the
+  // parent directories of `from` and `to` were sync()ed after it: the model of
+  // a file system that needs the caller's fsync.
+  bool rename_durable_on_return = true;
+};
+
+std::shared_ptr<FaultStorage> make_fault_storage(std::shared_ptr<Storage> base,
+                                                 const FaultStorageOptions& options = {});
 
 }  // namespace ckptio

@@ -1,0 +1,218 @@
+#include "backends/local/fs.h"
+
+#include <cerrno>
+#include <memory>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backends/local/keys.h"
+
+namespace ckptio::local {
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string join_path(const std::string& root, std::string_view rel) {
+  while (!rel.empty() && rel.back() == '/') rel.remove_suffix(1);
+  if (rel.empty()) return root;
+  std::string out = root;
+  if (out.empty() || out.back() != '/') out += '/';
+  out += rel;
+  return out;
+}
+
+Status fsync_dir(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) return Status::from_errno(errno, "open directory " + path);
+  if (::fsync(fd.get()) != 0) return Status::from_errno(errno, "fsync " + path);
+  return Status::OK();
+}
+
+Status make_dirs(const std::string& root, std::string_view rel) {
+  std::string path = root;
+  size_t start = 0;
+  while (start < rel.size()) {
+    size_t end = rel.find('/', start);
+    if (end == std::string_view::npos) end = rel.size();
+    std::string parent = path;
+    path = join_path(path, rel.substr(start, end - start));
+    start = end + 1;
+    if (::mkdir(path.c_str(), 0755) == 0) {
+      CKPTIO_RETURN_IF_ERROR(fsync_dir(parent));
+    } else if (errno != EEXIST) {
+      return Status::from_errno(errno, "mkdir " + path);
+    }
+  }
+  return Status::OK();
+}
+
+Status write_fully(int fd, std::span<const std::byte> data, uint64_t offset, const std::string& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::from_errno(errno, "write " + path + " at offset " + std::to_string(offset + done));
+    }
+    if (n == 0) return io_error("write " + path + ": wrote 0 bytes");
+    done += static_cast<size_t>(n);
+  }
+  return Status::OK();
+}
+
+Status read_fully(int fd, std::byte* dst, uint64_t len, uint64_t offset, const std::string& path) {
+  uint64_t done = 0;
+  while (done < len) {
+    ssize_t n = ::pread(fd, dst + done, len - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::from_errno(errno, "read " + path + " at offset " + std::to_string(offset + done));
+    }
+    if (n == 0)
+      return data_loss("read " + path + ": file ends at " + std::to_string(offset + done) +
+                       ", before the requested range [" + std::to_string(offset) + ", " +
+                       std::to_string(offset + len) + ") ends");
+    done += static_cast<uint64_t>(n);
+  }
+  return Status::OK();
+}
+
+namespace {
+
+struct DirCloser {
+  void operator()(DIR* d) const { ::closedir(d); }
+};
+using DirPtr = std::unique_ptr<DIR, DirCloser>;
+
+// Removes every entry of the open directory `dfd` (consumed) named `path`.
+Status empty_dir(int dfd, const std::string& path) {
+  DirPtr dir(::fdopendir(dfd));
+  if (!dir) {
+    int err = errno;
+    ::close(dfd);
+    return Status::from_errno(err, "opendir " + path);
+  }
+  Status first;
+  while (true) {
+    errno = 0;
+    dirent* e = ::readdir(dir.get());
+    if (!e) {
+      if (errno != 0 && first.ok()) first = Status::from_errno(errno, "readdir " + path);
+      break;
+    }
+    std::string_view name = e->d_name;
+    if (name == "." || name == "..") continue;
+    const std::string child = path + "/" + e->d_name;
+    bool is_dir = e->d_type == DT_DIR;
+    if (e->d_type == DT_UNKNOWN) {
+      struct stat st;
+      if (::fstatat(::dirfd(dir.get()), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno != ENOENT && first.ok()) first = Status::from_errno(errno, "stat " + child);
+        continue;
+      }
+      is_dir = S_ISDIR(st.st_mode);
+    }
+    if (!is_dir) {
+      if (::unlinkat(::dirfd(dir.get()), e->d_name, 0) != 0 && errno != ENOENT && first.ok())
+        first = Status::from_errno(errno, "unlink " + child);
+      continue;
+    }
+    int cfd = ::openat(::dirfd(dir.get()), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (cfd < 0) {
+      if (errno != ENOENT && first.ok()) first = Status::from_errno(errno, "open directory " + child);
+      continue;
+    }
+    Status st = empty_dir(cfd, child);
+    if (st.ok() && ::unlinkat(::dirfd(dir.get()), e->d_name, AT_REMOVEDIR) != 0 && errno != ENOENT)
+      st = Status::from_errno(errno, "rmdir " + child);
+    if (!st.ok() && first.ok()) first = st;
+  }
+  return first;
+}
+
+}  // namespace
+
+Status remove_tree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return Status::OK();
+    return Status::from_errno(errno, "stat " + path);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return Status::from_errno(errno, "unlink " + path);
+    return Status::OK();
+  }
+  int dfd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) {
+    if (errno == ENOENT) return Status::OK();
+    return Status::from_errno(errno, "open directory " + path);
+  }
+  CKPTIO_RETURN_IF_ERROR(empty_dir(dfd, path));
+  if (::rmdir(path.c_str()) != 0 && errno != ENOENT) return Status::from_errno(errno, "rmdir " + path);
+  return Status::OK();
+}
+
+Status list_dir(const std::string& root, const std::string& dir, std::string_view name_prefix,
+                bool delimiter, ListResult& out) {
+  const std::string path = join_path(root, dir);
+  int dfd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return Status::OK();  // nothing there
+    return Status::from_errno(errno, "open directory " + path);
+  }
+  DirPtr d(::fdopendir(dfd));
+  if (!d) {
+    int err = errno;
+    ::close(dfd);
+    return Status::from_errno(err, "opendir " + path);
+  }
+  while (true) {
+    errno = 0;
+    dirent* e = ::readdir(d.get());
+    if (!e) {
+      if (errno != 0) return Status::from_errno(errno, "readdir " + path);
+      break;
+    }
+    std::string_view name = e->d_name;
+    if (name == "." || name == "..") continue;
+    if (name.substr(0, name_prefix.size()) != name_prefix) continue;
+    // Symlinks are followed for files; a symlinked directory is listed as a
+    // prefix but never descended into (no cycles).
+    struct stat st;
+    if (::fstatat(::dirfd(d.get()), e->d_name, &st, 0) != 0) {
+      if (errno == ENOENT) continue;  // removed meanwhile, or a dangling link
+      return Status::from_errno(errno, "stat " + path + "/" + e->d_name);
+    }
+    bool is_link = e->d_type == DT_LNK;
+    if (e->d_type == DT_UNKNOWN) {
+      struct stat lst;
+      is_link = ::fstatat(::dirfd(d.get()), e->d_name, &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode);
+    }
+    const std::string key = dir + e->d_name;
+    if (S_ISREG(st.st_mode)) {
+      if (is_temp_name(name)) continue;
+      out.objects.push_back({key, static_cast<uint64_t>(st.st_size)});
+    } else if (S_ISDIR(st.st_mode)) {
+      if (delimiter) {
+        out.prefixes.push_back(key + "/");
+      } else if (!is_link) {
+        CKPTIO_RETURN_IF_ERROR(list_dir(root, key + "/", "", false, out));
+      }
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace ckptio::local

@@ -1,0 +1,57 @@
+// POSIX file-system helpers for the local backend: errors name the operation
+// and the full path ("fsync /data/run-5: Input/output error").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "ckptio/status.h"
+#include "ckptio/storage.h"
+
+namespace ckptio::local {
+
+// Owns a file descriptor; closes it (ignoring errors) unless released.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  ~UniqueFd();
+  int get() const { return fd_; }
+  int release() { int f = fd_; fd_ = -1; return f; }
+  bool valid() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+// "/root" + "a/b" -> "/root/a/b" (`rel` may be empty or end in '/').
+std::string join_path(const std::string& root, std::string_view rel);
+
+// Creates the directories of `rel` (a '/'-separated relative path, all of it)
+// under the existing directory `root`. A directory created here is made
+// durable by an fsync of its parent, so a durable file inside it is reachable.
+Status make_dirs(const std::string& root, std::string_view rel);
+
+Status fsync_dir(const std::string& path);
+
+// pwrite()s all of `data` at `offset`, retrying short writes and EINTR.
+Status write_fully(int fd, std::span<const std::byte> data, uint64_t offset, const std::string& path);
+// pread()s exactly `len` bytes; a file that ends early is kDataLoss.
+Status read_fully(int fd, std::byte* dst, uint64_t len, uint64_t offset, const std::string& path);
+
+// Removes `path` and everything below it; a missing path is OK.
+Status remove_tree(const std::string& path);
+
+// Adds to `out` the entries of directory `root`/`dir` (dir is "" or ends in
+// '/') whose names start with `name_prefix`: regular files as objects,
+// directories as prefixes (delimiter) or recursively (no delimiter). Keys are
+// relative to `root`. A missing directory adds nothing.
+Status list_dir(const std::string& root, const std::string& dir, std::string_view name_prefix,
+                bool delimiter, ListResult& out);
+
+}  // namespace ckptio::local

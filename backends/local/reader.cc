@@ -1,0 +1,211 @@
+#include "backends/local/reader.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backends/local/fs.h"
+#include "backends/local/keys.h"
+#include "backends/local/read_plan.h"
+
+namespace ckptio::local {
+
+namespace {
+
+constexpr uint64_t kDirectAlign = 4096;
+
+struct OpenFile {
+  std::string path;
+  UniqueFd fd;
+  uint64_t size = 0;
+  bool direct = false;
+};
+
+Status open_for_read(const std::string& path, bool want_direct, DirectIo direct_io, OpenFile& f) {
+  f.path = path;
+  if (want_direct) {
+    f.fd = UniqueFd(::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
+    f.direct = f.fd.valid();
+    if (!f.fd.valid() && errno != EINVAL) return Status::from_errno(errno, "open " + path);
+    if (!f.fd.valid() && direct_io == DirectIo::kOn)
+      return Status(Code::kUnimplemented, "open " + path + ": the file system refuses O_DIRECT (direct_io=on)");
+  }
+  if (!f.fd.valid()) {
+    f.fd = UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!f.fd.valid()) return Status::from_errno(errno, "open " + path);
+  }
+  struct stat st;
+  if (::fstat(f.fd.get(), &st) != 0) return Status::from_errno(errno, "stat " + path);
+  if (S_ISDIR(st.st_mode)) return Status::from_errno(EISDIR, "read " + path);
+  f.size = static_cast<uint64_t>(st.st_size);
+  return Status::OK();
+}
+
+struct AlignedFree {
+  void operator()(std::byte* p) const { std::free(p); }
+};
+using Scratch = std::unique_ptr<std::byte, AlignedFree>;
+
+Status read_through_ring(std::span<const ReadRequest> requests, const std::vector<OpenFile*>& files,
+                         const ReadSettings& s, Ring& ring) {
+  const uint64_t max_direct = std::max<uint64_t>(s.request_size, kDirectAlign);
+  const uint64_t max_bounce = std::min<uint64_t>(max_direct, 4ull << 20);
+  std::vector<ReadPiece> pieces;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const ReadRequest& r = requests[i];
+    const uint64_t align = files[i]->direct ? kDirectAlign : 1;
+    plan_read(static_cast<uint32_t>(i), r.offset, r.length, reinterpret_cast<uintptr_t>(r.dst), align,
+              max_direct, max_bounce, pieces);
+  }
+  // Scratch buffers are as large as the largest bounced piece of this call
+  // (one block for the head/tail of congruent requests).
+  uint64_t scratch_size = 0;
+  for (const ReadPiece& p : pieces)
+    if (p.bounce) scratch_size = std::max(scratch_size, p.length);
+  const size_t bounce_cap = std::max<uint64_t>(2, s.bounce_budget / std::max<uint64_t>(scratch_size, 1));
+
+  struct Completions {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::pair<size_t, RingResult>> done;
+  } completions;
+  std::vector<Scratch> scratch_owned;   // every scratch buffer this call allocated
+  std::vector<std::byte*> scratch_free;
+  std::vector<std::byte*> scratch_of(pieces.size(), nullptr);
+  size_t next = 0, in_flight = 0, bounce_in_flight = 0;
+  Status first;
+  std::vector<std::pair<size_t, RingResult>> batch;
+
+  while (true) {
+    while (first.ok() && next < pieces.size() && in_flight < ring.queue_depth()) {
+      const ReadPiece& p = pieces[next];
+      std::byte* buf = nullptr;
+      if (p.bounce) {
+        if (bounce_in_flight >= bounce_cap) break;
+        if (scratch_free.empty()) {
+          auto* mem = static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, scratch_size));
+          if (!mem) {
+            first = Status(Code::kInternal, "read: cannot allocate a scratch buffer");
+            break;
+          }
+          scratch_owned.emplace_back(mem);
+          scratch_free.push_back(mem);
+        }
+        buf = scratch_free.back();
+        scratch_free.pop_back();
+        scratch_of[next] = buf;
+        ++bounce_in_flight;
+      } else {
+        buf = requests[p.request].dst + p.dst_offset;
+      }
+      RingOp op;
+      op.kind = RingOp::Kind::kRead;
+      op.fd = files[p.request]->fd.get();
+      op.buf = buf;
+      op.len = p.length;
+      op.offset = p.file_offset;
+      op.min_len = p.needed();
+      ring.submit(op, [&completions, index = next](const RingResult& r) {
+        std::lock_guard lock(completions.mu);
+        completions.done.emplace_back(index, r);
+        completions.cv.notify_all();  // under the lock: the caller's frame may go away after
+      });
+      ++in_flight;
+      ++next;
+    }
+    if (in_flight == 0) break;
+    {
+      std::unique_lock lock(completions.mu);
+      completions.cv.wait(lock, [&] { return !completions.done.empty(); });
+      batch.swap(completions.done);
+    }
+    for (auto& [index, r] : batch) {
+      --in_flight;
+      const ReadPiece& p = pieces[index];
+      const OpenFile& f = *files[p.request];
+      if (first.ok() && r.err != 0) {
+        first = Status::from_errno(r.err, "read " + f.path + " at offset " + std::to_string(p.file_offset));
+      } else if (first.ok() && r.bytes < p.needed()) {
+        first = data_loss("read " + f.path + ": file ended at " + std::to_string(p.file_offset + r.bytes) +
+                          " while reading up to " + std::to_string(p.file_offset + p.needed()));
+      } else if (first.ok() && p.bounce) {
+        std::memcpy(requests[p.request].dst + p.dst_offset, scratch_of[index] + p.copy_from, p.wanted);
+      }
+      if (p.bounce) {
+        scratch_free.push_back(scratch_of[index]);
+        --bounce_in_flight;
+      }
+    }
+    batch.clear();
+  }
+  return first;
+}
+
+Status read_with_pool(std::span<const ReadRequest> requests, const std::vector<OpenFile*>& files,
+                      const ReadSettings& s, PreadPool& pool) {
+  struct Piece {
+    size_t request;
+    uint64_t at;  // offset within the request
+    uint64_t len;
+  };
+  const uint64_t chunk = std::max<uint64_t>(s.request_size, 1ull << 20);
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < requests.size(); ++i)
+    for (uint64_t at = 0; at < requests[i].length; at += chunk)
+      pieces.push_back({i, at, std::min(chunk, requests[i].length - at)});
+  std::mutex mu;
+  Status first;
+  std::atomic<bool> failed{false};
+  pool.parallel_for(pieces.size(), [&](size_t k) {
+    if (failed.load(std::memory_order_relaxed)) return;
+    const Piece& p = pieces[k];
+    const ReadRequest& r = requests[p.request];
+    const OpenFile& f = *files[p.request];
+    Status st = read_fully(f.fd.get(), r.dst + p.at, p.len, r.offset + p.at, f.path);
+    if (!st.ok()) {
+      std::lock_guard lock(mu);
+      if (first.ok()) first = st;
+      failed = true;
+    }
+  });
+  return first;
+}
+
+}  // namespace
+
+Status read_files(const std::string& root, std::span<const ReadRequest> requests,
+                  const ReadSettings& settings, Ring& ring, PreadPool& pool) {
+  const bool direct = settings.mode == ReadMode::kDirect && settings.direct_io != DirectIo::kOff;
+  std::unordered_map<std::string, OpenFile> by_key;
+  std::vector<OpenFile*> files(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const ReadRequest& r = requests[i];
+    auto [it, fresh] = by_key.try_emplace(r.key);
+    if (fresh) {
+      CKPTIO_RETURN_IF_ERROR(check_key(r.key));
+      CKPTIO_RETURN_IF_ERROR(open_for_read(join_path(root, r.key), direct, settings.direct_io, it->second));
+    }
+    OpenFile& f = it->second;
+    files[i] = &f;
+    if (r.length > 0 && r.dst == nullptr)
+      return invalid_argument("read " + f.path + ": null destination for " + std::to_string(r.length) + " bytes");
+    if (r.offset > f.size || r.length > f.size - r.offset)
+      return data_loss("read " + f.path + ": range [" + std::to_string(r.offset) + ", " +
+                       std::to_string(r.offset + r.length) + ") is past the end of the file (" +
+                       std::to_string(f.size) + " bytes)");
+  }
+  if (direct) return read_through_ring(requests, files, settings, ring);
+  return read_with_pool(requests, files, settings, pool);
+}
+
+}  // namespace ckptio::local

@@ -1,0 +1,375 @@
+// End-to-end tests of the `ckptio` command-line tool: each test runs the
+// binary (CKPTIO_CLI_PATH) in a fresh temporary directory and checks its exit
+// code, its JSON output and what it did on disk.
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ckptio/index.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct CliResult {
+  int code = -1;  // exit status; 128 + signal when killed
+  std::string out;
+  std::string err;
+};
+
+std::string show(const std::vector<std::string>& args, const CliResult& r) {
+  std::string s = "ckptio";
+  for (const auto& a : args) s += " " + a;
+  return s + "\n  exit " + std::to_string(r.code) + "\n  stdout: " + r.out.substr(0, 4000) +
+         "\n  stderr: " + r.err.substr(0, 4000);
+}
+
+CliResult run_cli(const std::vector<std::string>& args) {
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) return {};
+  std::vector<std::string> storage = {CKPTIO_CLI_PATH};
+  storage.insert(storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : storage) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  CliResult r;
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&r.out, &r.err};
+  int open_fds = 2;
+  while (open_fds > 0) {
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buf[65536];
+      const ssize_t n = read(fds[i].fd, buf, sizeof buf);
+      if (n > 0) {
+        sinks[i]->append(buf, static_cast<size_t>(n));
+      } else {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      }
+    }
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(CKPTIO_CLI_PATH)) << "the ckptio binary is not built: " << CKPTIO_CLI_PATH;
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/ckptio-cli-test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove_all(dir_, ec);
+  }
+
+  // Runs the CLI and expects `code`.
+  CliResult run(const std::vector<std::string>& args, int code = 0) {
+    CliResult r = run_cli(args);
+    EXPECT_EQ(r.code, code) << show(args, r);
+    return r;
+  }
+  json run_json(const std::vector<std::string>& args, int code = 0) {
+    CliResult r = run(args, code);
+    json j = json::parse(r.out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << "not JSON: " << show(args, r);
+    return j;
+  }
+  void synth_save(int step, const std::string& bytes, int leaves,
+                  const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"synth", "save", dir_, "--step", std::to_string(step),
+                                     "--bytes", bytes, "--leaves", std::to_string(leaves)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    run(args);
+  }
+  std::string step_dir(int step) const { return dir_ + "/run-" + std::to_string(step); }
+
+  std::string dir_;
+};
+
+// One line on stderr, "ckptio: ..." (no stack trace, no abort).
+void expect_one_error_line(const CliResult& r) {
+  EXPECT_EQ(r.err.rfind("ckptio: ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+TEST_F(CliTest, SynthSaveThenLsInspectAndCheck) {
+  synth_save(1, "4MiB", 40);
+
+  json ls = run_json({"ls", dir_, "--json"});
+  ASSERT_TRUE(ls.is_array());
+  ASSERT_EQ(ls.size(), 1u) << ls.dump();
+  EXPECT_EQ(ls[0]["step"], 1);
+  EXPECT_EQ(ls[0]["committed"], true);
+  EXPECT_GT(ls[0]["bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(ls[0]["path"], step_dir(1));
+  EXPECT_TRUE(ls[0]["committed_at"].is_string());
+
+  json in = run_json({"inspect", dir_, "--json"});
+  EXPECT_EQ(in["step"], 1);
+  ASSERT_TRUE(in["leaves"].is_array());
+  ASSERT_EQ(in["leaves"].size(), 40u);
+  uint64_t total = 0;
+  std::set<std::string> prefixes;
+  for (const json& leaf : in["leaves"]) {
+    for (const char* key : {"prefix", "path", "dtype", "shape", "bytes", "shards"})
+      EXPECT_TRUE(leaf.contains(key)) << key << " missing in " << leaf.dump();
+    EXPECT_TRUE(leaf["shape"].is_array());
+    EXPECT_EQ(leaf["shards"], 1);
+    prefixes.insert(leaf["prefix"].get<std::string>());
+    total += leaf["bytes"].get<uint64_t>();
+  }
+  EXPECT_EQ(prefixes, (std::set<std::string>{"model", "tx"}));
+  EXPECT_LE(total, 4u << 20);
+  EXPECT_GT(total, 3u << 20);  // close to the size asked for
+  EXPECT_EQ(in["metadata"]["synth"]["leaves"], 40);
+  EXPECT_EQ(in["metadata"]["synth"]["generator"], "splitmix64-v1");
+  EXPECT_EQ(in["leaves"][0]["path"], "params.embed.embedding");
+
+  CliResult human = run({"inspect", dir_});
+  EXPECT_NE(human.out.find("params.embed.embedding"), std::string::npos);
+  EXPECT_NE(human.out.find("bfloat16"), std::string::npos);
+  EXPECT_NE(human.out.find("opt_state.count"), std::string::npos);
+
+  CliResult check = run({"synth", "check", dir_});
+  EXPECT_NE(check.out.find("bit for bit"), std::string::npos) << check.out;
+  json cj = run_json({"synth", "check", dir_, "--step", "1", "--json"});
+  EXPECT_EQ(cj["verified"], true);
+  EXPECT_EQ(cj["step"], 1);
+  EXPECT_EQ(cj["bytes"], total);
+  EXPECT_TRUE(cj["restore_gbps"].is_number());
+
+  run({"verify", dir_});
+  run({"verify", dir_, "--all"});
+}
+
+TEST_F(CliTest, LeafCountsAndSizesAtTheEdges) {
+  synth_save(1, "0", 1);
+  synth_save(2, "1000", 2);
+  synth_save(3, "64KiB", 5, {"--seed", "7"});
+  synth_save(4, "1MB", 2000);
+  int step = 1;
+  for (size_t want : {1u, 2u, 5u, 2000u}) {
+    json in = run_json({"inspect", dir_, "--step", std::to_string(step), "--json"});
+    EXPECT_EQ(in["leaves"].size(), want) << "step " << step;
+    run({"synth", "check", dir_, "--step", std::to_string(step)});
+    ++step;
+  }
+}
+
+TEST_F(CliTest, BorrowStagingAndStepFormat) {
+  synth_save(5, "3MiB", 12, {"--staging", "borrow", "--step-format", "{step}"});
+  json ls = run_json({"ls", dir_, "--json", "--step-format", "{step}"});
+  ASSERT_EQ(ls.size(), 1u);
+  EXPECT_EQ(ls[0]["name"], "5");
+  run({"--step-format", "{step}", "synth", "check", dir_});
+  // Under the default format the step is invisible.
+  run({"synth", "check", dir_}, 3);
+}
+
+TEST_F(CliTest, SaveRefusesACommittedStepWithoutOverwrite) {
+  synth_save(1, "1MiB", 8);
+  CliResult r = run({"synth", "save", dir_, "--step", "1", "--bytes", "1MiB"}, 1);
+  expect_one_error_line(r);
+  EXPECT_NE(r.err.find("--overwrite"), std::string::npos);
+  synth_save(1, "2MiB", 9, {"--overwrite", "--seed", "3"});
+  json in = run_json({"inspect", dir_, "--json"});
+  EXPECT_EQ(in["leaves"].size(), 9u);
+  run({"synth", "check", dir_});
+}
+
+// Finds the leaf holding byte `at` of `file` in a step's index.
+std::string leaf_at(const std::string& step_dir, const std::string& file, uint64_t at) {
+  std::ifstream in(step_dir + "/" + ckptio::kIndexFileName);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto index = ckptio::parse_index(text.str());
+  if (!index.ok()) return "unparseable index: " + index.status().to_string();
+  for (const auto& p : index->prefixes)
+    for (const auto& l : p.leaves)
+      for (const auto& s : l.shards)
+        if (s.file == file && at >= s.offset && at < s.offset + s.length) return p.name + "/" + l.path;
+  return "";
+}
+
+TEST_F(CliTest, FlippedByteFailsVerifyAndCheckNamingTheLeaf) {
+  synth_save(1, "2MiB", 10);
+  std::string data;
+  for (const auto& e : fs::directory_iterator(step_dir(1))) {
+    const std::string name = e.path().filename();
+    if (name.rfind("data-", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".bin")
+      data = name;
+  }
+  ASSERT_FALSE(data.empty()) << "no data-*.bin in " << step_dir(1);
+  const std::string path = step_dir(1) + "/" + data;
+  const uint64_t at = fs::file_size(path) / 2;
+  const std::string leaf = leaf_at(step_dir(1), data, at);
+  ASSERT_FALSE(leaf.empty());
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at));
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x20;
+    f.seekp(static_cast<std::streamoff>(at));
+    f.write(&c, 1);
+  }
+
+  CliResult v = run({"verify", dir_}, 1);
+  EXPECT_NE(v.err.find(leaf), std::string::npos) << "verify does not name " << leaf << ": " << v.err;
+  EXPECT_NE(v.err.find("checksum"), std::string::npos) << v.err;
+  expect_one_error_line(v);
+
+  CliResult all = run({"verify", dir_, "--all"}, 1);
+  EXPECT_NE(all.err.find(leaf), std::string::npos) << all.err;
+
+  CliResult c = run({"synth", "check", dir_}, 1);
+  EXPECT_NE(c.err.find(leaf), std::string::npos) << "synth check does not name " << leaf << ": " << c.err;
+  EXPECT_NE(c.err.find("element"), std::string::npos) << c.err;
+  expect_one_error_line(c);
+
+  json cj = run_json({"synth", "check", dir_, "--json"}, 1);
+  EXPECT_EQ(cj["verified"], false);
+}
+
+TEST_F(CliTest, GcKeepsTheLastStepAndRemovesDeadAttempts) {
+  for (int s = 1; s <= 3; ++s) synth_save(s, "512KiB", 6);
+  fs::create_directories(dir_ + "/run-9.tmp-dead");
+  std::ofstream(dir_ + "/run-9.tmp-dead/data-dead-0.bin") << "leftover";
+
+  json before = run_json({"ls", dir_, "--json"});
+  EXPECT_EQ(before.size(), 4u) << before.dump();
+  bool saw_tmp = false;
+  for (const json& e : before) {
+    if (e["name"] != "run-9.tmp-dead") continue;
+    saw_tmp = true;
+    EXPECT_EQ(e["committed"], false);
+    EXPECT_EQ(e["state"], "temporary");
+  }
+  EXPECT_TRUE(saw_tmp);
+
+  CliResult gc = run({"gc", dir_, "--keep-last", "1"});
+  EXPECT_NE(gc.out.find("run-9.tmp-dead"), std::string::npos) << gc.out;
+  EXPECT_NE(gc.out.find("run-1"), std::string::npos) << gc.out;
+  EXPECT_FALSE(fs::exists(dir_ + "/run-9.tmp-dead"));
+
+  json after = run_json({"ls", dir_, "--json"});
+  ASSERT_EQ(after.size(), 1u) << after.dump();
+  EXPECT_EQ(after[0]["step"], 3);
+  EXPECT_EQ(after[0]["committed"], true);
+  run({"synth", "check", dir_});
+
+  json again = run_json({"gc", dir_, "--keep-last", "1", "--json"});
+  EXPECT_TRUE(again["removed"].empty());
+}
+
+TEST_F(CliTest, BenchReportsItsFiguresAndCleansUp) {
+  json b = run_json({"bench", "--uri", dir_, "--bytes", "8MiB", "--leaves", "20", "--repeat", "2",
+                     "--json"});
+  for (const char* key : {"save_gbps", "restore_gbps", "stall_ms", "peak_rss_bytes", "verified",
+                          "bytes", "cold_cache", "runs"})
+    EXPECT_TRUE(b.contains(key)) << key << " missing in " << b.dump();
+  EXPECT_EQ(b["verified"], true);
+  EXPECT_GT(b["bytes"].get<uint64_t>(), 0u);
+  EXPECT_GT(b["save_gbps"].get<double>(), 0);
+  EXPECT_GT(b["restore_gbps"].get<double>(), 0);
+  EXPECT_GT(b["peak_rss_bytes"].get<uint64_t>(), 0u);
+  ASSERT_EQ(b["runs"].size(), 2u);
+  EXPECT_NE(b["runs"][0]["step"], b["runs"][1]["step"]);
+  json ls = run_json({"ls", dir_, "--json"});
+  EXPECT_TRUE(ls.empty()) << "bench left steps behind: " << ls.dump();
+
+  json mem = run_json({"bench", "--uri", "mem://bench", "--bytes", "2MiB", "--json"});
+  EXPECT_EQ(mem["verified"], true);
+  EXPECT_EQ(mem["cold_cache"], false);
+}
+
+TEST_F(CliTest, UsageErrorsExitTwo) {
+  expect_one_error_line(run({"frobnicate"}, 2));
+  run({}, 2);
+  expect_one_error_line(run({"synth", "save", dir_, "--step", "1", "--bytes", "12XB"}, 2));
+  expect_one_error_line(run({"synth", "save", dir_, "--step", "1", "--bytes", "-5"}, 2));
+  expect_one_error_line(run({"synth", "save", dir_, "--bytes", "1MiB"}, 2));  // no --step
+  expect_one_error_line(run({"synth", "save", dir_, "--step", "1", "--bytes", "1MiB",
+                             "--staging", "sideways"}, 2));
+  expect_one_error_line(run({"bench", "--uri", dir_, "--bytes", "lots"}, 2));
+  expect_one_error_line(run({"ls", "s3://bucket/prefix"}, 2));
+  expect_one_error_line(run({"ls", "file://relative/path"}, 2));
+  expect_one_error_line(run({"--log-level", "loud", "ls", dir_}, 2));
+  expect_one_error_line(run({"verify", dir_, "--step", "1", "--all"}, 2));
+  expect_one_error_line(run({"--chunk-size", "1.5.5", "synth", "save", dir_, "--step", "1",
+                             "--bytes", "1MiB"}, 2));
+  EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+TEST_F(CliTest, MissingThingsExitThree) {
+  expect_one_error_line(run({"inspect", dir_}, 3));       // no committed step
+  expect_one_error_line(run({"synth", "check", dir_}, 3));
+  expect_one_error_line(run({"verify", dir_, "--all"}, 3));
+  synth_save(1, "256KiB", 5);
+  expect_one_error_line(run({"inspect", dir_, "--step", "99"}, 3));
+  expect_one_error_line(run({"verify", dir_, "--step", "99"}, 3));
+  expect_one_error_line(run({"synth", "check", dir_, "--step", "2"}, 3));
+  const std::string nowhere = dir_ + "/does/not/exist";
+  expect_one_error_line(run({"ls", nowhere}, 3));
+  expect_one_error_line(run({"verify", nowhere}, 3));
+  EXPECT_FALSE(fs::exists(nowhere)) << "a reading command created its URI";
+  json ls = run_json({"ls", "file://" + dir_, "--json"});
+  EXPECT_EQ(ls.size(), 1u);
+}
+
+TEST_F(CliTest, HelpDocumentsExitCodes) {
+  CliResult r = run({"--help"});
+  EXPECT_NE(r.out.find("Exit codes"), std::string::npos) << r.out;
+  for (const char* sub : {"ls", "inspect", "verify", "gc", "synth", "demo", "bench"})
+    EXPECT_NE(r.out.find(sub), std::string::npos) << sub;
+  run({"synth", "save", "--help"});
+}
+
+TEST_F(CliTest, DemoRunsAndRestartsBitExact) {
+  CliResult r = run({"demo", dir_, "--steps", "6", "--bytes", "64MiB", "--train-ms", "20"});
+  EXPECT_NE(r.out.find("step 3 committed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step 6 committed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bit-exact"), std::string::npos) << r.out;
+  json ls = run_json({"ls", dir_, "--json"});
+  ASSERT_EQ(ls.size(), 2u) << ls.dump();  // max_to_keep = 2
+  EXPECT_EQ(ls[0]["step"], 3);
+  EXPECT_EQ(ls[1]["step"], 6);
+  run({"synth", "check", dir_});  // the demo's metadata describes its updates
+}
+
+}  // namespace

@@ -1,0 +1,178 @@
+// What the `ckptio` subcommands share: exit codes, errors, global options,
+// SIZE and URI handling, output formatting and the progress line.
+//
+// Each subcommand lives in its own file and registers itself on the CLI11 app
+// with add_<name>(); parsing only records which command to run, main() runs it
+// and turns a CliError into "ckptio: <message>" and its exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "ckptio/ckptio.h"
+
+namespace ckptio::cli {
+
+// Exit codes (documented in the --help footer).
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;    // the operation failed (damage found, save failed, I/O)
+inline constexpr int kExitUsage = 2;     // bad command line, URI or SIZE
+inline constexpr int kExitNotFound = 3;  // no such step, no committed step, no such directory
+
+class CliError : public std::runtime_error {
+ public:
+  CliError(int code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
+[[noreturn]] void fail(int code, const std::string& message);
+// Fails with `code`; the message is the status's ("context: message").
+[[noreturn]] void fail_status(const Status& st, const std::string& context = "",
+                              int code = kExitFailed);
+// NotFound -> kExitNotFound, InvalidArgument -> kExitUsage, else kExitFailed.
+// Only for calls where "not found" can only mean the thing the user named.
+int exit_code_for(const Status& st);
+
+struct GlobalOptions {
+  std::string log_level = "warn";
+  std::string direct_io = "auto";
+  std::string read_mode;
+  std::string chunk_size;      // SIZE; "" = the library default
+  std::string staging_budget;  // SIZE; "" = the library default
+  std::string request_size;    // SIZE; "" = the backend default
+  uint32_t queue_depth = 0;
+  std::string step_format = "run-{step}";
+};
+
+using Command = std::function<int()>;
+
+// ---- SIZE -------------------------------------------------------------------
+// "1000", "4KiB", "512MiB", "2GiB", "1TiB" (K/M/G/T and KiB/MiB/GiB/TiB are
+// powers of 1024; KB/MB/GB/TB powers of 1000; "B" optional; case-insensitive;
+// a decimal fraction is allowed: "1.5GiB"). nullopt when malformed or > 2^64-1.
+std::optional<uint64_t> parse_size(std::string_view text);
+// parse_size or CliError(kExitUsage) naming the option.
+uint64_t size_arg(const std::string& text, const std::string& option);
+
+// ---- Output -----------------------------------------------------------------
+std::string format_bytes(uint64_t bytes);                 // "1.50 GiB"
+double gbps(uint64_t bytes, double seconds);              // 1e9 bytes per second
+std::string format_gbps(uint64_t bytes, double seconds);  // "1.23 GB/s"
+std::string format_seconds(double s);                     // "0.85 s" / "320 ms"
+std::string format_time_local(int64_t unix_ns);           // "2024-05-01 12:34:56"
+std::string format_time_iso(int64_t unix_ns);             // "2024-05-01T10:34:56.123Z"
+// Pads each cell to its column's width; `right` marks right-aligned columns.
+std::string format_table(const std::vector<std::vector<std::string>>& rows,
+                         const std::vector<bool>& right = {});
+// Serialises a double with at most `digits` decimals (JSON-friendly).
+double round_to(double v, int digits);
+
+// ---- URIs and managers -----------------------------------------------------
+bool is_mem_uri(const std::string& uri);
+// The directory of a local URI (plain path or file:///path); nullopt otherwise.
+std::optional<std::string> local_path(const std::string& uri);
+std::string join_uri(const std::string& uri, const std::string& name);
+std::string step_dir_name(const GlobalOptions& g, int64_t step);
+
+enum class Access {
+  kRead,   // the location must exist (a missing local directory is kExitNotFound)
+  kWrite,  // a local directory is created if missing
+};
+
+ManagerOptions manager_options(const GlobalOptions& g);
+StorageOptions storage_options(const GlobalOptions& g);
+std::unique_ptr<CheckpointManager> open_manager(const GlobalOptions& g, const std::string& uri,
+                                                Access access, ManagerOptions options);
+inline std::unique_ptr<CheckpointManager> open_manager(const GlobalOptions& g,
+                                                       const std::string& uri, Access access) {
+  return open_manager(g, uri, access, manager_options(g));
+}
+// The index of the step asked for, or of the latest committed one;
+// kExitNotFound when there is none, kExitFailed when it cannot be read.
+Index resolve_index(CheckpointManager& m, const std::string& uri, std::optional<int64_t> step);
+
+// Bytes currently stored under a step's temporary attempt directories (the
+// save-progress estimate; the API has no progress hook).
+uint64_t bytes_in_flight(Storage& storage, const std::string& step_dir);
+
+// Peak resident set of this process in bytes (VmHWM, else ru_maxrss).
+uint64_t peak_rss_bytes();
+// Resets the peak (Linux: "5" > /proc/self/clear_refs); false if refused.
+bool reset_peak_rss();
+// MemAvailable from /proc/meminfo, or 0 when unknown.
+uint64_t mem_available_bytes();
+
+// ---- Progress ---------------------------------------------------------------
+// A progress line on stderr, redrawn every 200 ms from a thread, only when
+// stderr is a terminal; silent otherwise. `done` reports bytes so far (may be
+// empty: then a spinner with the elapsed time is shown).
+class Progress {
+ public:
+  Progress(std::string label, uint64_t total, std::function<uint64_t()> done = {});
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+  void set_label(std::string label);
+  void stop();  // clears the line; idempotent
+  static bool enabled();
+
+ private:
+  void loop();
+  std::string line(double elapsed, int tick);
+
+  std::mutex mu_;  // guards label_, stopping_
+  std::condition_variable cv_;
+  std::string label_;
+  bool stopping_ = false;
+  const uint64_t total_;
+  const std::function<uint64_t()> done_;
+  std::thread thread_;
+};
+
+// ---- Synthetic states: restore a step and compare it with the generator ----
+struct CheckOutcome {
+  int64_t step = 0;
+  uint64_t bytes = 0;
+  size_t leaves = 0;
+  double restore_seconds = 0;
+  bool verified = false;
+  std::string error;  // set when !verified: names the leaf (and element)
+};
+// Restores `step` (whole, or in batches of leaves when it would not fit in
+// half the available memory, or above `batch_bytes` when that is > 0) and
+// compares every byte with the generator described by its "synth" metadata.
+// Returns verified = false with `error` for damage or a mismatch; throws
+// CliError for steps without synth metadata.
+CheckOutcome check_synth_step(CheckpointManager& m, int64_t step, bool show_progress = true,
+                              uint64_t batch_bytes = 0);
+// The index metadata that check_synth_step reads: {"synth": {"seed", "bytes"
+// (the requested size, input of the layout), "leaves", "generator", "layout",
+// "total_bytes", "versions": {"prefix/path": version} (only non-zero ones)}}.
+std::string synth_metadata_json(uint64_t seed, uint64_t target_bytes, uint64_t leaves,
+                                uint64_t total_bytes,
+                                const std::vector<std::pair<std::string, uint64_t>>& versions = {});
+
+// ---- Subcommands ------------------------------------------------------------
+void add_ls(CLI::App& app, const GlobalOptions& g, Command* run);
+void add_inspect(CLI::App& app, const GlobalOptions& g, Command* run);
+void add_verify(CLI::App& app, const GlobalOptions& g, Command* run);
+void add_gc(CLI::App& app, const GlobalOptions& g, Command* run);
+void add_synth(CLI::App& app, const GlobalOptions& g, Command* run);
+void add_demo(CLI::App& app, const GlobalOptions& g, Command* run);
+void add_bench(CLI::App& app, const GlobalOptions& g, Command* run);
+
+}  // namespace ckptio::cli

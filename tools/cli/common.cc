@@ -1,0 +1,303 @@
+// Helpers shared by the subcommands (see cli.h).
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include "tools/cli/cli.h"
+
+namespace ckptio::cli {
+
+void fail(int code, const std::string& message) { throw CliError(code, message); }
+
+void fail_status(const Status& st, const std::string& context, int code) {
+  std::string msg = st.message().empty() ? std::string(code_name(st.code())) : st.message();
+  fail(code, context.empty() ? msg : context + ": " + msg);
+}
+
+int exit_code_for(const Status& st) {
+  switch (st.code()) {
+    case Code::kOk: return kExitOk;
+    case Code::kNotFound: return kExitNotFound;
+    case Code::kInvalidArgument: return kExitUsage;
+    default: return kExitFailed;
+  }
+}
+
+// ---- SIZE -------------------------------------------------------------------
+
+std::optional<uint64_t> parse_size(std::string_view text) {
+  auto trim = [](std::string_view s) {
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+    return s;
+  };
+  text = trim(text);
+  size_t i = 0;
+  unsigned __int128 whole = 0;
+  bool digits = false;
+  for (; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); ++i) {
+    whole = whole * 10 + (text[i] - '0');
+    if (whole > UINT64_MAX) return std::nullopt;
+    digits = true;
+  }
+  long double frac = 0;
+  if (i < text.size() && text[i] == '.') {
+    long double scale = 0.1L;
+    for (++i; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); ++i) {
+      frac += (text[i] - '0') * scale;
+      scale /= 10;
+      digits = true;
+    }
+  }
+  if (!digits) return std::nullopt;
+  std::string unit;
+  for (char c : trim(text.substr(i))) unit += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  static const std::pair<const char*, uint64_t> kUnits[] = {
+      {"", 1},          {"b", 1},
+      {"k", 1ull << 10}, {"ki", 1ull << 10}, {"kib", 1ull << 10}, {"kb", 1000ull},
+      {"m", 1ull << 20}, {"mi", 1ull << 20}, {"mib", 1ull << 20}, {"mb", 1000'000ull},
+      {"g", 1ull << 30}, {"gi", 1ull << 30}, {"gib", 1ull << 30}, {"gb", 1000'000'000ull},
+      {"t", 1ull << 40}, {"ti", 1ull << 40}, {"tib", 1ull << 40}, {"tb", 1000'000'000'000ull},
+  };
+  for (const auto& [name, mult] : kUnits) {
+    if (unit != name) continue;
+    unsigned __int128 v = whole * mult;
+    v += static_cast<uint64_t>(std::floor(frac * mult));
+    if (v > UINT64_MAX) return std::nullopt;
+    return static_cast<uint64_t>(v);
+  }
+  return std::nullopt;
+}
+
+uint64_t size_arg(const std::string& text, const std::string& option) {
+  auto v = parse_size(text);
+  if (!v)
+    fail(kExitUsage, "bad SIZE '" + text + "' for " + option +
+                         " (expected bytes or a number with KiB/MiB/GiB/TiB or KB/MB/GB/TB)");
+  return *v;
+}
+
+// ---- Output -----------------------------------------------------------------
+
+std::string format_bytes(uint64_t bytes) {
+  static const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double v = static_cast<double>(bytes) / 1024;
+  int u = 0;
+  while (v >= 1024 && u < 5) v /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f %s", v, kUnits[u]);
+  return buf;
+}
+
+double gbps(uint64_t bytes, double seconds) {
+  return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
+}
+
+std::string format_gbps(uint64_t bytes, double seconds) {
+  char buf[32];
+  double r = gbps(bytes, seconds);
+  if (seconds <= 0) return "n/a GB/s";
+  if (r < 0.1) std::snprintf(buf, sizeof buf, "%.1f MB/s", r * 1000);
+  else std::snprintf(buf, sizeof buf, "%.2f GB/s", r);
+  return buf;
+}
+
+std::string format_seconds(double s) {
+  char buf[32];
+  if (s < 1) std::snprintf(buf, sizeof buf, "%.0f ms", s * 1000);
+  else std::snprintf(buf, sizeof buf, "%.2f s", s);
+  return buf;
+}
+
+std::string format_time_local(int64_t unix_ns) {
+  if (unix_ns <= 0) return "-";
+  std::time_t t = static_cast<std::time_t>(unix_ns / 1'000'000'000);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+std::string format_time_iso(int64_t unix_ns) {
+  std::time_t t = static_cast<std::time_t>(unix_ns / 1'000'000'000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  char out[80];
+  std::snprintf(out, sizeof out, "%s.%03dZ", buf, static_cast<int>((unix_ns / 1'000'000) % 1000));
+  return out;
+}
+
+std::string format_table(const std::vector<std::vector<std::string>>& rows,
+                         const std::vector<bool>& right) {
+  std::vector<size_t> width;
+  for (const auto& row : rows)
+    for (size_t c = 0; c < row.size(); ++c) {
+      if (width.size() <= c) width.resize(c + 1, 0);
+      width[c] = std::max(width[c], row[c].size());
+    }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      const std::string& cell = row[c];
+      const size_t pad = width[c] - cell.size();
+      const bool r = c < right.size() && right[c];
+      if (c > 0) line += "  ";
+      if (r) line.append(pad, ' ');
+      line += cell;
+      if (!r && c + 1 < row.size()) line.append(pad, ' ');
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  return out;
+}
+
+double round_to(double v, int digits) {
+  const double m = std::pow(10.0, digits);
+  return std::round(v * m) / m;
+}
+
+// ---- URIs and managers -----------------------------------------------------
+
+bool is_mem_uri(const std::string& uri) { return uri.rfind("mem://", 0) == 0; }
+
+std::optional<std::string> local_path(const std::string& uri) {
+  if (uri.rfind("file://", 0) == 0) {
+    if (uri.size() == 7 || uri[7] != '/') return std::nullopt;  // open() says why
+    return uri.substr(7);
+  }
+  if (uri.find("://") != std::string::npos) return std::nullopt;
+  return uri;
+}
+
+std::string join_uri(const std::string& uri, const std::string& name) {
+  if (!uri.empty() && uri.back() == '/') return uri + name;
+  return uri + "/" + name;
+}
+
+std::string step_dir_name(const GlobalOptions& g, int64_t step) {
+  std::string s = g.step_format;
+  const size_t at = s.find("{step}");
+  if (at != std::string::npos) s.replace(at, 6, std::to_string(step));
+  return s;
+}
+
+ManagerOptions manager_options(const GlobalOptions& g) {
+  ManagerOptions o;
+  o.step_format = g.step_format;
+  if (!g.chunk_size.empty()) o.chunk_size = size_arg(g.chunk_size, "--chunk-size");
+  if (!g.staging_budget.empty()) {
+    o.staging_budget = size_arg(g.staging_budget, "--staging-budget");
+    if (o.staging_budget == 0) fail(kExitUsage, "--staging-budget must be > 0");
+  }
+  return o;
+}
+
+StorageOptions storage_options(const GlobalOptions& g) {
+  StorageOptions o;
+  o.direct_io = g.direct_io;
+  o.read_mode = g.read_mode;
+  if (!g.request_size.empty()) o.request_size = size_arg(g.request_size, "--request-size");
+  o.queue_depth = g.queue_depth;
+  return o;
+}
+
+std::unique_ptr<CheckpointManager> open_manager(const GlobalOptions& g, const std::string& uri,
+                                                Access access, ManagerOptions options) {
+  if (uri.empty()) fail(kExitUsage, "empty URI");
+  if (auto path = local_path(uri); path && access == Access::kRead) {
+    // open() creates a missing root; reading commands must not.
+    struct stat st {};
+    if (path->empty() || ::stat(path->c_str(), &st) != 0) {
+      if (errno == ENOENT || path->empty()) fail(kExitNotFound, "no such directory: " + uri);
+      fail_status(Status::from_errno(errno, *path), "", kExitFailed);
+    }
+    if (!S_ISDIR(st.st_mode)) fail(kExitUsage, "not a directory: " + uri);
+  }
+  auto m = CheckpointManager::open(uri, std::move(options), storage_options(g));
+  if (!m.ok()) {
+    const int code = m.status().code() == Code::kInvalidArgument ? kExitUsage : kExitFailed;
+    fail_status(m.status(), "open " + uri, code);
+  }
+  return std::move(m).value();
+}
+
+Index resolve_index(CheckpointManager& m, const std::string& uri, std::optional<int64_t> step) {
+  if (!step) {
+    auto latest = m.latest_step();
+    if (!latest.ok()) fail_status(latest.status(), "find the latest step at " + uri);
+    if (!latest->has_value()) fail(kExitNotFound, "no committed step at " + uri);
+    step = **latest;
+  }
+  auto index = m.read_index(*step);
+  if (!index.ok()) {
+    const int code = index.status().code() == Code::kNotFound ? kExitNotFound : kExitFailed;
+    fail_status(index.status(), "step " + std::to_string(*step), code);
+  }
+  return std::move(index).value();
+}
+
+uint64_t bytes_in_flight(Storage& storage, const std::string& step_dir) {
+  auto top = storage.list("", /*delimiter=*/true);
+  if (!top.ok()) return 0;
+  uint64_t total = 0;
+  const std::string tmp = step_dir + ".tmp-";
+  for (const std::string& p : top->prefixes) {
+    if (p.rfind(tmp, 0) != 0) continue;
+    auto objs = storage.list(p, false);
+    if (!objs.ok()) continue;
+    for (const auto& o : objs->objects) total += o.size;
+  }
+  return total;
+}
+
+namespace {
+
+// The value in kB of a "Key:   123 kB" line of a /proc file, in bytes.
+uint64_t proc_kb(const char* file, const std::string& key) {
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) != 0) continue;
+    std::istringstream fields(line.substr(key.size() + 1));
+    uint64_t kb = 0;
+    fields >> kb;
+    return kb * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+uint64_t peak_rss_bytes() {
+  if (uint64_t v = proc_kb("/proc/self/status", "VmHWM")) return v;
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+}
+
+bool reset_peak_rss() {
+  int fd = ::open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool ok = ::write(fd, "5", 1) == 1;
+  ::close(fd);
+  return ok;
+}
+
+uint64_t mem_available_bytes() { return proc_kb("/proc/meminfo", "MemAvailable"); }
+
+}  // namespace ckptio::cli

@@ -1,0 +1,105 @@
+// `ckptio`: the command-line tool. Global options and dispatch; each
+// subcommand lives in its own file (ls.cc, inspect.cc, ...).
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <iostream>
+#include <new>
+
+#include "tools/cli/cli.h"
+
+namespace {
+
+constexpr const char* kFooter = R"(
+URIs:   /path or file:///path (local disk, io_uring); mem://NAME (in-process
+        store: empty in every new process, useful for demo and bench only).
+SIZE:   bytes, or a number with a suffix: K/KiB, M/MiB, G/GiB, T/TiB are powers
+        of 1024; KB, MB, GB, TB are powers of 1000; case-insensitive; a fraction
+        is allowed ("1.5GiB").
+Exit codes:
+        0  success
+        1  the operation failed (verify or synth check found damage, a save
+           failed, an I/O error)
+        2  usage error (bad option, subcommand, URI or SIZE)
+        3  not found (no such step, no committed step, no such directory)
+Errors are one line on stderr: "ckptio: <message>". Progress lines appear on
+stderr only when it is a terminal.)";
+
+void setup_logging(const std::string& level) {
+  auto logger = spdlog::stderr_color_mt("ckptio_cli");
+  logger->set_pattern("[%l] %v");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(spdlog::level::from_str(level == "warn" ? "warning" : level));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ckptio::cli;
+  GlobalOptions g;
+  CLI::App app{"ckptio: asynchronous, atomic checkpoints of training state", "ckptio"};
+  app.footer(kFooter);
+  app.require_subcommand(1);
+  app.fallthrough();  // global options may follow the subcommand
+  app.set_help_all_flag("--help-all", "Print help for every subcommand and exit");
+
+  app.add_option("--log-level", g.log_level, "Library log level (default warn)")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  app.add_option("--step-format", g.step_format,
+                 "Step directory name; {step} is the step number (default run-{step})");
+  auto* local = "Local backend";
+  app.add_option("--direct-io", g.direct_io, "O_DIRECT: auto (fall back when refused), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->group(local);
+  app.add_option("--read-mode", g.read_mode, "Reads: direct (io_uring O_DIRECT) or buffered")
+      ->check(CLI::IsMember({"direct", "buffered"}))
+      ->group(local);
+  app.add_option("--request-size", g.request_size, "SIZE of one ring request (default: measured)")
+      ->group(local);
+  app.add_option("--queue-depth", g.queue_depth, "Ring entries in flight (default: measured)")
+      ->group(local);
+  app.add_option("--chunk-size", g.chunk_size, "SIZE of one write request (default 8MiB)")
+      ->group("Saving");
+  app.add_option("--staging-budget", g.staging_budget,
+                 "SIZE bound on staging memory per manager (default 1GiB)")
+      ->group("Saving");
+
+  Command run;
+  add_ls(app, g, &run);
+  add_inspect(app, g, &run);
+  add_verify(app, g, &run);
+  add_gc(app, g, &run);
+  add_synth(app, g, &run);
+  add_demo(app, g, &run);
+  add_bench(app, g, &run);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --help-all
+    std::fprintf(stderr, "ckptio: %s (see ckptio --help)\n", e.what());
+    return kExitUsage;
+  }
+
+  try {
+    setup_logging(g.log_level);
+    if (!run) {  // a command group ("synth") without its subcommand
+      std::fprintf(stderr, "ckptio: missing subcommand (see ckptio --help)\n");
+      return kExitUsage;
+    }
+    return run();
+  } catch (const CliError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "ckptio: %s\n", e.what());
+    return e.code();
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "ckptio: out of memory\n");
+    return kExitFailed;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "ckptio: %s\n", e.what());
+    return kExitFailed;
+  }
+}

@@ -1,0 +1,381 @@
+// `ckptio synth save|check`: write a deterministic synthetic training state
+// (tools/cli/synth.h), and restore one and compare every byte with the
+// generator.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+
+#include "tools/cli/cli.h"
+#include "tools/cli/synth.h"
+
+namespace ckptio::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// ---- What the "synth" metadata says -----------------------------------------
+
+struct SynthMeta {
+  uint64_t seed = 0;
+  uint64_t bytes = 0;
+  uint64_t leaves = 0;
+  std::map<std::string, uint64_t> versions;  // "prefix/path" -> version (demo)
+};
+
+SynthMeta parse_meta(const std::string& metadata_json, int64_t step) {
+  const std::string where = "step " + std::to_string(step);
+  auto j = nlohmann::json::parse(metadata_json, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("synth") || !j["synth"].is_object())
+    fail(kExitFailed, where + " has no \"synth\" metadata (it was not written by ckptio synth save)");
+  const auto& s = j["synth"];
+  auto field = [&](const char* key) -> uint64_t {
+    if (!s.contains(key) || !s[key].is_number_unsigned())
+      fail(kExitFailed, where + ": synth metadata lacks an unsigned \"" + std::string(key) + "\"");
+    return s[key].get<uint64_t>();
+  };
+  if (s.value("generator", std::string()) != synth::kGenerator)
+    fail(kExitFailed, where + ": unknown synth generator '" + s.value("generator", std::string()) +
+                          "' (this ckptio knows " + synth::kGenerator + ")");
+  SynthMeta m;
+  m.seed = field("seed");
+  m.bytes = field("bytes");
+  m.leaves = field("leaves");
+  if (s.contains("versions") && s["versions"].is_object())
+    for (const auto& [k, v] : s["versions"].items())
+      if (v.is_number_unsigned()) m.versions[k] = v.get<uint64_t>();
+  return m;
+}
+
+// Leaf-set check against the index: names, dtypes, shapes. "" when equal.
+std::string compare_leaf_set(const synth::Layout& layout, const Index& index) {
+  std::map<std::string, const LeafRecord*> saved;
+  for (const PrefixRecord& p : index.prefixes)
+    for (const LeafRecord& l : p.leaves) saved[p.name + "/" + l.path] = &l;
+  for (const synth::SynthLeaf& e : layout.leaves) {
+    auto it = saved.find(e.name());
+    if (it == saved.end()) return "leaf " + e.name() + " is missing";
+    if (it->second->dtype != e.dtype)
+      return "leaf " + e.name() + " has dtype " + std::string(dtype_name(it->second->dtype)) +
+             ", the generator makes " + std::string(dtype_name(e.dtype));
+    if (it->second->shape != e.shape)
+      return "leaf " + e.name() + " has shape " + shape_to_string(it->second->shape) +
+             ", the generator makes " + shape_to_string(e.shape);
+    saved.erase(it);
+  }
+  if (!saved.empty())
+    return "unexpected leaf " + saved.begin()->first + " (" + std::to_string(saved.size()) +
+           " leaves beyond the generator's " + std::to_string(layout.leaves.size()) + ")";
+  return "";
+}
+
+std::string regex_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (std::string_view(".^$|()[]{}*+?\\").find(c) != std::string_view::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::string hex_bytes(const std::byte* p, size_t n) {
+  static const char* hex = "0123456789abcdef";
+  std::string s = "0x";
+  for (size_t i = 0; i < n; ++i) {
+    s += hex[static_cast<unsigned>(p[i]) >> 4];
+    s += hex[static_cast<unsigned>(p[i]) & 15];
+  }
+  return s;
+}
+
+// A group of consecutive layout leaves restored together.
+struct Batch {
+  size_t begin = 0, end = 0;
+  bool everything = false;
+};
+
+std::vector<Batch> plan_batches(const synth::Layout& layout, uint64_t batch_bytes) {
+  const uint64_t avail = mem_available_bytes();
+  // Restore holds the whole batch; keep well inside what is free.
+  const uint64_t limit = batch_bytes ? batch_bytes : avail ? avail / 2 : UINT64_MAX;
+  if (layout.total_bytes <= limit) return {Batch{0, layout.leaves.size(), true}};
+  std::vector<Batch> out;
+  const uint64_t budget = std::max<uint64_t>(limit, 1);
+  for (size_t i = 0; i < layout.leaves.size();) {
+    Batch b{i, i + 1, false};
+    uint64_t bytes = layout.leaves[i].bytes;
+    while (b.end < layout.leaves.size() && b.end - b.begin < 64 &&
+           layout.leaves[b.end].prefix == layout.leaves[i].prefix &&
+           bytes + layout.leaves[b.end].bytes <= budget)
+      bytes += layout.leaves[b.end++].bytes;
+    out.push_back(b);
+    i = b.end;
+  }
+  return out;
+}
+
+RestoreOptions batch_options(const synth::Layout& layout, const Batch& b, bool verify) {
+  RestoreOptions o;
+  o.verify = verify;
+  if (b.everything) return o;
+  o.select.prefixes = {layout.leaves[b.begin].prefix};
+  std::string re = "^(?:";
+  for (size_t i = b.begin; i < b.end; ++i)
+    re += (i == b.begin ? "" : "|") + regex_escape(layout.leaves[i].path);
+  o.select.path_regex = re + ")$";
+  return o;
+}
+
+// Compares a restored batch with the generator; "" when exact.
+std::string compare_batch(const synth::Layout& layout, const SynthMeta& meta, const Batch& b,
+                          const RestoredState& r, int64_t step) {
+  std::map<std::string, const Tensor*> got;
+  for (const Tensor& t : r.leaves) got[t.prefix + "/" + t.path] = &t;
+  synth::Layout sub;
+  std::vector<uint64_t> versions;
+  std::vector<const std::byte*> data;
+  for (size_t i = b.begin; i < b.end; ++i) {
+    const synth::SynthLeaf& e = layout.leaves[i];
+    auto it = got.find(e.name());
+    if (it == got.end()) return "leaf " + e.name() + " was not restored";
+    if (it->second->data.size() != e.bytes)
+      return "leaf " + e.name() + " restored " + std::to_string(it->second->data.size()) +
+             " bytes, expected " + std::to_string(e.bytes);
+    sub.leaves.push_back(e);
+    auto v = meta.versions.find(e.name());
+    versions.push_back(v == meta.versions.end() ? 0 : v->second);
+    data.push_back(it->second->data.data());
+  }
+  auto bad = synth::compare(sub, meta.seed, versions, data);
+  if (!bad) return "";
+  const synth::SynthLeaf& e = sub.leaves[bad->leaf];
+  const size_t item = dtype_size(e.dtype);
+  const uint64_t elem = bad->byte / item;
+  std::byte expect[16];
+  const uint64_t at = elem * item;
+  synth::fill(synth::leaf_key(meta.seed, e.prefix, e.path, versions[bad->leaf]), at, expect, item);
+  return "step " + std::to_string(step) + ": leaf " + e.name() + " differs from the generator at element " +
+         std::to_string(elem) + " (byte " + std::to_string(bad->byte) + " of " +
+         std::to_string(e.bytes) + "): expected " + hex_bytes(expect, item) + ", found " +
+         hex_bytes(data[bad->leaf] + at, item);
+}
+
+}  // namespace
+
+std::string synth_metadata_json(uint64_t seed, uint64_t target_bytes, uint64_t leaves,
+                                uint64_t total_bytes,
+                                const std::vector<std::pair<std::string, uint64_t>>& versions) {
+  nlohmann::json s = {{"seed", seed},
+                      {"bytes", target_bytes},
+                      {"leaves", leaves},
+                      {"generator", synth::kGenerator},
+                      {"layout", synth::kLayoutName},
+                      {"total_bytes", total_bytes}};
+  if (!versions.empty()) {
+    nlohmann::json v = nlohmann::json::object();
+    for (const auto& [name, version] : versions)
+      if (version != 0) v[name] = version;
+    s["versions"] = std::move(v);
+  }
+  return nlohmann::json{{"synth", std::move(s)}}.dump();
+}
+
+CheckOutcome check_synth_step(CheckpointManager& m, int64_t step, bool show_progress,
+                              uint64_t batch_bytes) {
+  CheckOutcome out;
+  out.step = step;
+  auto index = m.read_index(step);
+  if (!index.ok()) {
+    out.error = index.status().to_string();
+    return out;
+  }
+  const SynthMeta meta = parse_meta(index->metadata_json, step);
+  const synth::Layout layout = synth::make_layout(meta.bytes, meta.leaves);
+  out.bytes = layout.total_bytes;
+  out.leaves = layout.leaves.size();
+  if (std::string e = compare_leaf_set(layout, *index); !e.empty()) {
+    out.error = "step " + std::to_string(step) + ": " + e;
+    return out;
+  }
+  std::optional<Progress> progress;
+  if (show_progress) progress.emplace("restoring step " + std::to_string(step), layout.total_bytes);
+  for (const Batch& b : plan_batches(layout, batch_bytes)) {
+    const auto t0 = Clock::now();
+    auto r = m.restore(step, batch_options(layout, b, /*verify=*/true));
+    out.restore_seconds += since(t0);
+    if (!r.ok()) {
+      out.error = r.status().to_string();
+      if (r.status().data_loss()) {
+        // A checksum failed: read again without checksums to name the element.
+        auto raw = m.restore(step, batch_options(layout, b, /*verify=*/false));
+        if (raw.ok())
+          if (std::string e = compare_batch(layout, meta, b, *raw, step); !e.empty())
+            out.error += "; " + e;
+      }
+      return out;
+    }
+    if (progress) progress->set_label("comparing step " + std::to_string(step));
+    if (std::string e = compare_batch(layout, meta, b, *r, step); !e.empty()) {
+      out.error = e;
+      return out;
+    }
+    if (progress) progress->set_label("restoring step " + std::to_string(step));
+  }
+  out.verified = true;
+  return out;
+}
+
+namespace {
+
+// ---- synth save -------------------------------------------------------------
+
+struct SaveCmd {
+  std::string uri;
+  int64_t step = 0;
+  std::string bytes;
+  uint64_t leaves = synth::kDefaultLeaves;
+  uint64_t seed = 0;
+  std::string staging = "copy";
+  bool overwrite = false;
+  bool json = false;
+};
+
+int run_save(const GlobalOptions& g, const SaveCmd& o) {
+  const uint64_t target = size_arg(o.bytes, "--bytes");
+  if (o.leaves < 1 || o.leaves > synth::kMaxLeaves)
+    fail(kExitUsage, "--leaves must be in [1, " + std::to_string(synth::kMaxLeaves) + "]");
+  ManagerOptions mo = manager_options(g);
+  mo.staging = o.staging == "borrow" ? StagingMode::kBorrow : StagingMode::kCopy;
+  auto m = open_manager(g, o.uri, Access::kWrite, mo);
+  const std::string dir = step_dir_name(g, o.step);
+  if (!o.overwrite && m->read_index(o.step).ok())
+    fail(kExitFailed, "step " + std::to_string(o.step) + " is already committed at " +
+                          join_uri(o.uri, dir) + " (pass --overwrite to replace it)");
+
+  const synth::Layout layout = synth::make_layout(target, o.leaves);
+  const uint64_t total = layout.total_bytes;
+  auto t0 = Clock::now();
+  synth::State state;
+  {
+    Progress p("generating", total);
+    state = synth::generate(layout, o.seed);
+  }
+  const double gen_seconds = since(t0);
+
+  SaveOptions so;
+  so.metadata_json = synth_metadata_json(o.seed, target, o.leaves, total);
+  so.overwrite = o.overwrite;
+  SaveStats stats;
+  {
+    Storage& storage = m->storage();
+    Progress p("saving step " + std::to_string(o.step), total,
+               [&storage, dir] { return bytes_in_flight(storage, dir); });
+    t0 = Clock::now();
+    auto h = m->save(o.step, state.views(), so);
+    const double stall = since(t0);
+    if (!h.ok()) fail_status(h.status(), "save step " + std::to_string(o.step));
+    Status st = h->wait();
+    if (!st.ok()) fail_status(st);
+    stats = h->stats();
+    if (stats.stall_seconds <= 0) stats.stall_seconds = stall;
+  }
+
+  if (o.json) {
+    nlohmann::json out = {{"step", o.step},
+                          {"path", join_uri(o.uri, dir)},
+                          {"bytes", stats.bytes},
+                          {"leaves", layout.leaves.size()},
+                          {"seed", o.seed},
+                          {"staging", o.staging},
+                          {"stall_ms", round_to(stats.stall_seconds * 1e3, 3)},
+                          {"save_seconds", round_to(stats.total_seconds, 4)},
+                          {"save_gbps", round_to(gbps(stats.bytes, stats.total_seconds), 4)},
+                          {"write_seconds", round_to(stats.write_seconds, 4)},
+                          {"commit_seconds", round_to(stats.commit_seconds, 4)},
+                          {"generate_seconds", round_to(gen_seconds, 4)}};
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    std::printf("saved step %lld to %s: %s in %zu leaves (d=%lld, vocab=%lld, %lld layers)\n",
+                static_cast<long long>(o.step), join_uri(o.uri, dir).c_str(),
+                format_bytes(stats.bytes).c_str(), layout.leaves.size(),
+                static_cast<long long>(layout.d), static_cast<long long>(layout.vocab),
+                static_cast<long long>(layout.layers));
+    std::printf("  save() blocked %s; committed %s after the call (%s); generated in %s (%s)\n",
+                format_seconds(stats.stall_seconds).c_str(),
+                format_seconds(stats.total_seconds).c_str(),
+                format_gbps(stats.bytes, stats.total_seconds).c_str(),
+                format_seconds(gen_seconds).c_str(), format_gbps(total, gen_seconds).c_str());
+  }
+  return kExitOk;
+}
+
+// ---- synth check ------------------------------------------------------------
+
+struct CheckCmd {
+  std::string uri;
+  std::optional<int64_t> step;
+  std::string batch;
+  bool json = false;
+};
+
+int run_check(const GlobalOptions& g, const CheckCmd& o) {
+  auto m = open_manager(g, o.uri, Access::kRead);
+  const int64_t step = resolve_index(*m, o.uri, o.step).step;
+  const uint64_t batch = o.batch.empty() ? 0 : size_arg(o.batch, "--batch");
+  const CheckOutcome c = check_synth_step(*m, step, /*show_progress=*/true, batch);
+  if (o.json) {
+    nlohmann::json out = {{"step", c.step},
+                          {"bytes", c.bytes},
+                          {"leaves", c.leaves},
+                          {"restore_seconds", round_to(c.restore_seconds, 4)},
+                          {"restore_gbps", round_to(gbps(c.bytes, c.restore_seconds), 4)},
+                          {"verified", c.verified}};
+    if (!c.verified) out["error"] = c.error;
+    std::printf("%s\n", out.dump(2).c_str());
+  } else if (c.verified) {
+    std::printf("step %lld: %s in %zu leaves match the generator bit for bit; restore took %s (%s)\n",
+                static_cast<long long>(c.step), format_bytes(c.bytes).c_str(), c.leaves,
+                format_seconds(c.restore_seconds).c_str(),
+                format_gbps(c.bytes, c.restore_seconds).c_str());
+  }
+  if (!c.verified) fail(kExitFailed, c.error);
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_synth(CLI::App& app, const GlobalOptions& g, Command* run) {
+  auto* synth = app.add_subcommand("synth", "Write or check a deterministic synthetic training state");
+  synth->require_subcommand(1);
+
+  auto s = std::make_shared<SaveCmd>();
+  auto* save = synth->add_subcommand(
+      "save", "Save a transformer-like synthetic state (params under \"model\", optimizer under \"tx\")");
+  save->add_option("URI", s->uri, "Checkpoint location")->required();
+  save->add_option("--step", s->step, "Step number")->required()->check(CLI::NonNegativeNumber);
+  save->add_option("--bytes", s->bytes, "Total SIZE of the state (e.g. 2GiB)")->required();
+  save->add_option("--leaves", s->leaves, "Number of leaves (default 295: 12 layers)");
+  save->add_option("--seed", s->seed, "Generator seed (default 0)");
+  save->add_option("--staging", s->staging, "copy (default) or borrow")
+      ->check(CLI::IsMember({"copy", "borrow"}));
+  save->add_flag("--overwrite", s->overwrite, "Replace a committed step");
+  save->add_flag("--json", s->json, "Print the save's figures as JSON");
+  save->callback([s, &g, run] { *run = [s, &g] { return run_save(g, *s); }; });
+
+  auto c = std::make_shared<CheckCmd>();
+  auto* check = synth->add_subcommand(
+      "check", "Restore a synth step and compare every byte with the generator (exit 1 on a difference)");
+  check->add_option("URI", c->uri, "Checkpoint location")->required();
+  check->add_option("--step", c->step, "Step to check (default: the latest committed)");
+  check->add_option("--batch", c->batch,
+                    "Restore at most SIZE at a time (default: all at once if it fits in half "
+                    "of the available memory)");
+  check->add_flag("--json", c->json, "Print {step, bytes, leaves, restore_gbps, verified}");
+  check->callback([c, &g, run] { *run = [c, &g] { return run_check(g, *c); }; });
+}
+
+}  // namespace ckptio::cli

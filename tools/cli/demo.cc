@@ -144,7 +144,11 @@ int run_demo(const GlobalOptions& g, const DemoCmd& o) {
                                                 std::chrono::duration<double>(waited)));
     const double train = since(t0) - waited;
     if (t % o.save_every != 0) {
-      say("step %lld: trained %.0f ms\n", static_cast<long long>(step), train * 1e3);
+      if (waited >= 1e-3)
+        say("step %lld: trained %.0f ms, blocked %.0f ms until the last save released its "
+            "borrowed buffers\n", static_cast<long long>(step), train * 1e3, waited * 1e3);
+      else
+        say("step %lld: trained %.0f ms\n", static_cast<long long>(step), train * 1e3);
       blocked += waited;
       continue;
     }
@@ -162,7 +166,7 @@ int run_demo(const GlobalOptions& g, const DemoCmd& o) {
     last = *h;
     saved.push_back(step);
     say("step %lld: trained %.0f ms, save() blocked %.0f ms%s\n", static_cast<long long>(step),
-        train * 1e3, (stall + waited) * 1e3, waited > 0 ? " (incl. waiting for the last borrow)" : "");
+        train * 1e3, (stall + waited) * 1e3, waited >= 1e-3 ? " (incl. waiting for the last borrow)" : "");
   }
   const double loop_seconds = since(loop_start);
   Status st = m->wait_until_finished();

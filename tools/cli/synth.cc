@@ -274,9 +274,20 @@ State generate(Layout layout, uint64_t seed, unsigned threads) {
   }
   constexpr uint64_t kHuge = 2ull << 20;
   s.arena = Buffer::allocate(size, size >= kHuge ? kHuge : 4096);
+  if (size >= kHuge) {
+    // Huge pages, faulted in by the kernel in one call: measured on this
+    // project's VM, touching 1 GiB of fresh 4 KiB pages took 5 s, huge pages
+    // touched by memset 0.2-3 s, huge pages populated up front 0.15 s.
+    // Both are hints; failures (old kernels) are harmless.
+    const size_t span = (size + kHuge - 1) / kHuge * kHuge;  // inside the allocation
 #ifdef MADV_HUGEPAGE
-  if (size >= kHuge) ::madvise(s.arena.data(), (size + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
+    ::madvise(s.arena.data(), span, MADV_HUGEPAGE);
 #endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+    ::madvise(s.arena.data(), span, MADV_POPULATE_WRITE);
+  }
   std::vector<uint64_t> keys;
   keys.reserve(s.layout.leaves.size());
   s.data.reserve(s.layout.leaves.size());

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <future>
 #include <map>
 #include <regex>
@@ -257,9 +258,7 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
       const ShardTask& t = tasks[pieces[p].task];
       reqs.push_back(ReadRequest{t.key, t.rec->offset + pieces[p].at, pieces[p].len,
                                  t.bytes + pieces[p].at});
-      out.stats.bytes_read += pieces[p].len;
     }
-    out.stats.requests += reqs.size();
     Status st = storage_->read(reqs);
     if (st.ok()) return st;
     // Name the leaf: find the first request that fails on its own.
@@ -270,27 +269,37 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
     return st.annotate("restore step " + std::to_string(the_step));
   };
 
-  // Read batch i+1 while batch i is checksummed.
-  std::future<Status> verifying;
-  size_t begin = 0;
-  Status first;
-  while (begin < pieces.size() && first.ok()) {
+  // Batches of pieces, in order.
+  std::vector<std::pair<size_t, size_t>> batches;
+  for (size_t begin = 0; begin < pieces.size();) {
     size_t end = begin;
     uint64_t bytes = 0;
     while (end < pieces.size() && (end == begin || bytes + pieces[end].len <= kBatchBytes)) bytes += pieces[end++].len;
-    Status st = read_batch(begin, end);
-    if (verifying.valid()) {
-      Status v = verifying.get();
-      if (first.ok()) first = v;
-    }
-    if (!st.ok() && first.ok()) first = st;
-    if (first.ok()) verifying = std::async(std::launch::async, verify_batch, begin, end);
+    batches.emplace_back(begin, end);
+    out.stats.bytes_read += bytes;
+    out.stats.requests += end - begin;
     begin = end;
   }
-  if (verifying.valid()) {
-    Status v = verifying.get();
-    if (first.ok()) first = v;
+  // Two batches are read at once, so the device never waits for one
+  // batch's last request before it sees the next; this thread checksums
+  // each batch, in order, as soon as it has landed.
+  constexpr size_t kBatchesInFlight = 2;
+  std::deque<std::future<Status>> reading;
+  size_t launched = 0;
+  auto launch = [&] {
+    auto [b, e] = batches[launched++];
+    reading.push_back(std::async(std::launch::async, read_batch, b, e));
+  };
+  Status first;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    while (launched < batches.size() && launched < i + kBatchesInFlight && first.ok()) launch();
+    Status st = reading.front().get();
+    reading.pop_front();
+    if (first.ok()) first = st;
+    if (first.ok()) first = verify_batch(batches[i].first, batches[i].second);
+    if (!first.ok()) break;
   }
+  for (auto& f : reading) (void)f.get();  // never leave a read writing into freed memory
   CKPTIO_RETURN_IF_ERROR(first);
 
   // Scatter non-contiguous shards into their leaves.

@@ -6,6 +6,8 @@
 #include <string>
 #include <utility>
 
+#include <sys/mman.h>
+
 namespace ckptio {
 
 BufferPool::BufferPool(uint64_t chunk, uint64_t capacity)
@@ -25,8 +27,13 @@ std::byte* BufferPool::acquire() {
   }
   ++allocated_;
   lock.unlock();
-  void* p = std::aligned_alloc(4096, chunk_);
+  // 2 MiB-aligned huge pages when the chunk allows: fewer page faults on
+  // the first save and fewer TLB misses on every copy.
+  const size_t huge = 2u << 20;
+  const size_t align = chunk_ % huge == 0 ? huge : 4096;
+  void* p = std::aligned_alloc(align, chunk_);
   if (!p) std::abort();  // out of memory for a bounded, configured pool
+  if (align == huge) (void)::madvise(p, chunk_, MADV_HUGEPAGE);
   return static_cast<std::byte*>(p);
 }
 

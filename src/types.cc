@@ -103,6 +103,8 @@ Buffer Buffer::allocate(size_t size, size_t alignment, size_t phase) {
   size_t total = size + phase;
   total = (total + alignment - 1) / alignment * alignment;
   if (total == 0) total = alignment;
+  // No MADV_HUGEPAGE here: measured, it made cold restores into fresh
+  // buffers slower (THP compaction on first touch), see README.
   void* p = std::aligned_alloc(alignment, total);
   if (!p) throw std::bad_alloc();
   Buffer b;

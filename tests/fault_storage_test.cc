@@ -395,6 +395,26 @@ TEST(FaultStorage, CommitWithoutSyncingTheStageLosesData) {
   EXPECT_FALSE(r.data_intact) << "the model must catch a missing directory fsync";
 }
 
+TEST(FaultStorage, CrashAfterFreezesEveryLaterOperation) {
+  auto base = make_memory_storage();
+  auto f = make_fault_storage(base);
+  int hook_calls = 0;
+  f->set_hook([&](FaultOp, const std::string&) { ++hook_calls; });
+  ASSERT_TRUE(f->put("before", as_bytes("v")).ok());  // op 1, not counted by the crash below
+  f->crash_after(2);
+  EXPECT_FALSE(f->crashed());
+  EXPECT_TRUE(f->put("a", as_bytes("v")).ok());
+  EXPECT_TRUE(f->stat("a").ok());
+  EXPECT_FALSE(f->crashed());
+  Status st = f->put("b", as_bytes("v"));
+  EXPECT_EQ(st.code(), Code::kIOError) << st.to_string();
+  EXPECT_TRUE(f->crashed());
+  EXPECT_EQ(f->get("a", 10).status().code(), Code::kIOError);
+  EXPECT_EQ(write_object(*f, "c", pattern_bytes(10, 14)).code(), Code::kIOError);
+  EXPECT_EQ(hook_calls, 6) << "the hook still sees operations after the crash";
+  EXPECT_EQ(all_keys(*base), (std::vector<std::string>{"a", "before"}));
+}
+
 TEST(FaultStorage, ConcurrentUseIsSafe) {
   auto f = make_fault_storage(make_memory_storage());
   f->add_rule({.op = FaultOp::kPut, .key_substr = "t1", .probability = 0.5});

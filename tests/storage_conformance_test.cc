@@ -6,11 +6,9 @@
 #include <map>
 #include <thread>
 
+#include "backends/local/local_storage.h"
 #include "backends/memory/memory_storage.h"
 #include "testutil/conformance.h"
-#ifndef CKPTIO_NO_LOCAL
-#include "backends/local/local_storage.h"
-#endif
 
 namespace ckptio::testutil {
 namespace {
@@ -562,13 +560,11 @@ std::vector<ConformanceBackend> backends() {
   v.push_back({"FaultOverMemoryObjectStore", []() -> Result<std::shared_ptr<Storage>> {
                  return std::shared_ptr<Storage>(make_fault_storage(make_memory_storage(false)));
                }});
-#ifndef CKPTIO_NO_LOCAL
   v.push_back({"Local", []() -> Result<std::shared_ptr<Storage>> {
                  auto dir = fresh_temp_dir("conformance");
                  CKPTIO_ASSIGN_OR_RETURN(std::shared_ptr<Storage> s, make_local_storage(dir.string()));
                  return with_cleanup(std::move(s), [dir] { std::filesystem::remove_all(dir); });
                }});
-#endif
   return v;
 }
 

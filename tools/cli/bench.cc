@@ -98,6 +98,8 @@ int run_bench(const GlobalOptions& g, const BenchCmd& o) {
   if (o.repeat < 1) fail(kExitUsage, "--repeat must be >= 1");
   if (o.leaves < 1 || o.leaves > synth::kMaxLeaves)
     fail(kExitUsage, "--leaves must be in [1, " + std::to_string(synth::kMaxLeaves) + "]");
+  const synth::Layout layout = synth::make_layout(target, o.leaves);
+  require_memory(layout.total_bytes, "the synthetic state");
   std::string uri = o.uri;
   std::string temp;
   if (uri.empty()) uri = temp = make_temp_dir();
@@ -124,7 +126,6 @@ int run_bench(const GlobalOptions& g, const BenchCmd& o) {
   int64_t base = 1;
   for (const StepInfo& s : *dirs) base = std::max(base, s.step + 1);
 
-  const synth::Layout layout = synth::make_layout(target, o.leaves);
   auto t0 = Clock::now();
   synth::State state;
   {

@@ -68,6 +68,9 @@ std::optional<uint64_t> parse_size(std::string_view text);
 // parse_size or CliError(kExitUsage) naming the option.
 uint64_t size_arg(const std::string& text, const std::string& option);
 
+// A CLI11 check for integers >= 0 with a one-line message.
+CLI::Validator non_negative();
+
 // ---- Output -----------------------------------------------------------------
 std::string format_bytes(uint64_t bytes);                 // "1.50 GiB"
 double gbps(uint64_t bytes, double seconds);              // 1e9 bytes per second
@@ -115,6 +118,9 @@ uint64_t peak_rss_bytes();
 bool reset_peak_rss();
 // MemAvailable from /proc/meminfo, or 0 when unknown.
 uint64_t mem_available_bytes();
+// Fails with kExitFailed (instead of meeting the OOM killer) when `bytes`
+// exceed 90% of the available memory.
+void require_memory(uint64_t bytes, const std::string& what);
 
 // ---- Progress ---------------------------------------------------------------
 // A progress line on stderr, redrawn every 200 ms from a thread, only when

@@ -86,6 +86,15 @@ uint64_t size_arg(const std::string& text, const std::string& option) {
   return *v;
 }
 
+CLI::Validator non_negative() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        if (!v.empty() && v[0] == '-') return "must be >= 0, got " + v;
+        return "";
+      },
+      "NONNEGATIVE");
+}
+
 // ---- Output -----------------------------------------------------------------
 
 std::string format_bytes(uint64_t bytes) {
@@ -299,5 +308,12 @@ bool reset_peak_rss() {
 }
 
 uint64_t mem_available_bytes() { return proc_kb("/proc/meminfo", "MemAvailable"); }
+
+void require_memory(uint64_t bytes, const std::string& what) {
+  const uint64_t avail = mem_available_bytes();
+  if (avail == 0 || bytes <= avail / 10 * 9) return;
+  fail(kExitFailed, what + " needs " + format_bytes(bytes) + " of memory, only " +
+                        format_bytes(avail) + " is available");
+}
 
 }  // namespace ckptio::cli

@@ -61,6 +61,8 @@ int run_demo(const GlobalOptions& g, const DemoCmd& o) {
   const uint64_t target = size_arg(o.bytes, "--bytes");
   if (o.steps < 1 || o.save_every < 1 || o.keep < 0 || o.leaves < 1 || o.update_leaves < 0)
     fail(kExitUsage, "--steps, --save-every and --leaves must be >= 1, --keep >= 0");
+  const synth::Layout layout = synth::make_layout(target, o.leaves);
+  require_memory(layout.total_bytes, "the synthetic state");
   std::string uri = o.uri;
   bool temp = false;
   if (uri.empty()) {
@@ -109,7 +111,6 @@ int run_demo(const GlobalOptions& g, const DemoCmd& o) {
   if (!latest.ok()) fail_status(latest.status(), "find the latest step at " + uri);
   const int64_t first = latest->has_value() ? **latest + 1 : 1;
 
-  const synth::Layout layout = synth::make_layout(target, o.leaves);
   say("demo: %s of synthetic state in %zu leaves at %s; %d steps, a save every %d, keep %d, "
       "%s staging\n",
       format_bytes(layout.total_bytes).c_str(), layout.leaves.size(), uri.c_str(), o.steps,

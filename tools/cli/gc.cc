@@ -75,10 +75,10 @@ void add_gc(CLI::App& app, const GlobalOptions& g, Command* run) {
   sub->add_option("URI", o->uri, "Checkpoint location")->required();
   sub->add_option("--keep-last", o->keep_last,
                   "Keep the newest N committed steps, delete older ones (0: delete none)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   sub->add_option("--keep-every", o->keep_every,
                   "With --keep-last: also keep steps divisible by K")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   sub->add_flag("--json", o->json, "Print {removed: [...], freed_bytes, kept_steps}");
   sub->callback([o, &g, run] { *run = [o, &g] { return run_gc(g, *o); }; });
 }

@@ -250,13 +250,14 @@ int run_save(const GlobalOptions& g, const SaveCmd& o) {
     fail(kExitUsage, "--leaves must be in [1, " + std::to_string(synth::kMaxLeaves) + "]");
   ManagerOptions mo = manager_options(g);
   mo.staging = o.staging == "borrow" ? StagingMode::kBorrow : StagingMode::kCopy;
+  const synth::Layout layout = synth::make_layout(target, o.leaves);
+  require_memory(layout.total_bytes, "the synthetic state");
   auto m = open_manager(g, o.uri, Access::kWrite, mo);
   const std::string dir = step_dir_name(g, o.step);
   if (!o.overwrite && m->read_index(o.step).ok())
     fail(kExitFailed, "step " + std::to_string(o.step) + " is already committed at " +
                           join_uri(o.uri, dir) + " (pass --overwrite to replace it)");
 
-  const synth::Layout layout = synth::make_layout(target, o.leaves);
   const uint64_t total = layout.total_bytes;
   auto t0 = Clock::now();
   synth::State state;
@@ -356,7 +357,7 @@ void add_synth(CLI::App& app, const GlobalOptions& g, Command* run) {
   auto* save = synth->add_subcommand(
       "save", "Save a transformer-like synthetic state (params under \"model\", optimizer under \"tx\")");
   save->add_option("URI", s->uri, "Checkpoint location")->required();
-  save->add_option("--step", s->step, "Step number")->required()->check(CLI::NonNegativeNumber);
+  save->add_option("--step", s->step, "Step number")->required()->check(non_negative());
   save->add_option("--bytes", s->bytes, "Total SIZE of the state (e.g. 2GiB)")->required();
   save->add_option("--leaves", s->leaves, "Number of leaves (default 295: 12 layers)");
   save->add_option("--seed", s->seed, "Generator seed (default 0)");

@@ -1,407 +1,1143 @@
-// The index (docs/format.md is its contract): serialization and the strict,
-// total parser. Every rejection is Code::kDataLoss (the stored commit record
-// is damaged or hostile) with the JSON location in the message.
+// The index: strict parsing and serialization of the per-step commit record.
+// docs/format.md is the contract this file implements.
 //
-// Memory and stack are bounded before nlohmann-json sees the text: the size
-// is capped, and nesting depth is measured by a byte scan first (nlohmann's
-// parser recurses per level). Duplicate object keys are caught by the
-// parser callback. Nothing is ever allocated in proportion to a number read.
+// parse_index streams: it never builds a JSON document tree.
+//   1. The raw bytes are screened: the size limit, then nesting depth by a
+//      plain byte scan, so hostile nesting is refused before any JSON code
+//      sees it.
+//   2. nlohmann's SAX parser (iterative, UTF-8 checking) feeds IndexReader,
+//      which keeps a stack of frames that know where they are in the schema
+//      ("a shard's box", "a leaf's shape"). Each value is checked and stored
+//      into the Index as it arrives; each object is checked when it closes
+//      (required fields; a leaf's boxes, lengths and exact cover); shard ->
+//      file references are checked when the document closes, since "files"
+//      may come after "prefixes". Duplicate keys are refused (nlohmann's own
+//      DOM parser would keep the last one silently). User metadata is written
+//      straight to its canonical text; unknown fields are checked for
+//      well-formedness and dropped.
+// So memory is the Index itself plus the text, and a hostile document fails
+// at the first value that is out of place instead of after it has been
+// materialized (a tree of "[],[],..." costs ~20x its size in memory).
+// No exception escapes: nlohmann reports syntax errors to the handler,
+// nothing here throws on purpose, and the entry points catch what is left
+// (allocation failure).
 #include "ckptio/index.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <chrono>
-#include <ctime>
+#include <cinttypes>
+#include <cstdio>
+#include <limits>
 #include <map>
-#include <set>
+#include <memory>
+#include <optional>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace ckptio {
-
-using json = nlohmann::ordered_json;  // keeps prefixes in the order written
-
-uint64_t LeafRecord::num_bytes() const {
-  return checked_num_bytes(shape, dtype_size(dtype)).value_or(0);
-}
-
-uint64_t Index::total_bytes() const {
-  uint64_t n = 0;
-  for (const auto& p : prefixes)
-    for (const auto& l : p.leaves)
-      for (const auto& s : l.shards) n += s.length;
-  return n;
-}
-
-bool is_safe_relative_name(std::string_view name) {
-  if (name.empty() || name.size() > 1024 || name.front() == '/') return false;
-  if (name.find('\0') != std::string_view::npos || name.find('\\') != std::string_view::npos)
-    return false;
-  size_t start = 0;
-  while (start <= name.size()) {
-    size_t end = name.find('/', start);
-    if (end == std::string_view::npos) end = name.size();
-    std::string_view part = name.substr(start, end - start);
-    if (part.empty() || part == "." || part == "..") return false;
-    start = end + 1;
-  }
-  return name.find("..") == std::string_view::npos;
-}
-
-// ---- Serialization -------------------------------------------------------------
-
 namespace {
 
-std::string rfc3339(int64_t unix_ns) {
-  std::time_t secs = static_cast<std::time_t>(unix_ns / 1000000000);
-  int64_t frac = unix_ns % 1000000000;
-  if (frac < 0) { frac += 1000000000; --secs; }
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-  char out[96];
-  std::snprintf(out, sizeof out, "%s.%09lldZ", buf, static_cast<long long>(frac));
+// Scalars arrive from the SAX parser as nlohmann values; containers are
+// stood for by an empty object or array of the same type.
+using Json = nlohmann::ordered_json;
+
+// ---- Messages ---------------------------------------------------------------
+
+// Text from the input, made safe and short for a message: control bytes (and,
+// with `ascii`, every non-ASCII byte) become \xNN, and long text is cut at a
+// UTF-8 boundary.
+std::string for_message(std::string_view s, bool ascii = false, size_t max = 120) {
+  bool cut = false;
+  if (s.size() > max) {
+    size_t n = max;
+    while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+    s = s.substr(0, n);
+    cut = true;
+  }
+  std::string out;
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7F || (ascii && c >= 0x80)) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", c);
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  if (cut) out += "...";
   return out;
 }
 
-json box_json(const Box& b) { return json{{"start", b.start}, {"stop", b.stop}}; }
+std::string quote_name(std::string_view s) { return "\"" + for_message(s) + "\""; }
 
-}  // namespace
-
-std::string serialize_index(const Index& index) {
-  json prefixes = json::object();
-  for (const PrefixRecord& p : index.prefixes) {
-    json leaves = json::array();
-    for (const LeafRecord& l : p.leaves) {
-      json shards = json::array();
-      for (const ShardRecord& s : l.shards)
-        shards.push_back(json{{"box", box_json(s.box)}, {"file", s.file}, {"offset", s.offset},
-                              {"length", s.length}, {"crc32c", s.crc32c}});
-      leaves.push_back(json{{"path", l.path}, {"dtype", std::string(dtype_name(l.dtype))},
-                            {"shape", l.shape}, {"shards", std::move(shards)}});
+std::string describe(const Json& v) {
+  switch (v.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::boolean: return v.get<bool>() ? "true" : "false";
+    case Json::value_t::number_integer: return std::to_string(v.get<int64_t>());
+    case Json::value_t::number_unsigned: return std::to_string(v.get<uint64_t>());
+    case Json::value_t::number_float: {
+      char buf[40];
+      std::snprintf(buf, sizeof buf, "%.17g", v.get<double>());
+      return std::string("the non-integer ") + buf;
     }
-    prefixes[p.name] = std::move(leaves);
+    case Json::value_t::string: return "a string";
+    case Json::value_t::object: return "an object";
+    case Json::value_t::array: return "an array";
+    default: return "a non-JSON value";
   }
-  json files = json::array();
-  for (const DataFileRecord& f : index.files) files.push_back(json{{"name", f.name}, {"size", f.size}});
-  json metadata = json::parse(index.metadata_json, nullptr, /*allow_exceptions=*/false);
-  if (!metadata.is_object()) metadata = json::object();
-  json doc = {{"format", kIndexFormat},
-              {"version", kIndexVersion},
-              {"step", index.step},
-              {"created_at", rfc3339(index.created_unix_ns)},
-              {"committed_at", rfc3339(index.committed_unix_ns)},
-              {"created_unix_ns", index.created_unix_ns},
-              {"committed_unix_ns", index.committed_unix_ns},
-              {"metadata", std::move(metadata)},
-              {"files", std::move(files)},
-              {"prefixes", std::move(prefixes)}};
-  return doc.dump(-1, ' ', false, json::error_handler_t::strict);
 }
 
-// ---- Parsing ---------------------------------------------------------------------
+// ---- Stage 1: byte screening ------------------------------------------------
 
-namespace {
+// The deepest nesting parse_index accepts whatever IndexLimits::max_depth says.
+constexpr uint32_t kMaxSupportedDepth = 1000;
 
-Status bad(const std::string& where, const std::string& what) {
-  return data_loss("index: " + where + ": " + what);
-}
-
-// Depth of [ and { outside strings; stops early once past the limit.
-bool depth_within(std::string_view text, uint32_t max_depth) {
+// Returns the byte offset at which [ and { nesting outside strings first
+// exceeds `max_depth`, or npos. It does not validate JSON; it only has to
+// agree with the lexer on what is inside a string for the prefix the lexer
+// accepts, which it does: a quote outside a string always opens one, and a
+// backslash inside one always escapes the next byte.
+size_t find_excess_depth(std::string_view text, uint32_t max_depth) {
   uint32_t depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
+      if (c == '\\') ++i;
       else if (c == '"') in_string = false;
-      continue;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return i;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
     }
-    if (c == '"') in_string = true;
-    else if (c == '[' || c == '{') { if (++depth > max_depth) return false; }
-    else if ((c == ']' || c == '}') && depth > 0) --depth;
   }
-  return true;
+  return std::string_view::npos;
 }
 
-// Typed field access that names the location on failure.
-class Reader {
- public:
-  static Result<const json*> field(const json& obj, const std::string& where, const char* key) {
-    auto it = obj.find(key);
-    if (it == obj.end()) return bad(where, std::string("missing field \"") + key + "\"");
-    return &*it;
-  }
-  static Result<uint64_t> u64(const json& v, const std::string& where) {
-    if (v.is_number_unsigned()) return v.get<uint64_t>();
-    if (v.is_number_integer()) {
-      int64_t x = v.get<int64_t>();
-      if (x >= 0) return static_cast<uint64_t>(x);
+// ---- JSON text --------------------------------------------------------------
+
+// Appends `s` as a JSON string, escaped as nlohmann-json escapes it (so that
+// canonical metadata is what nlohmann's dump() would print). Bytes >= 0x80
+// are copied as they are: valid UTF-8 stays valid, and invalid UTF-8 makes
+// the output unparsable on purpose (see serialize_index in the header).
+void append_string(std::string& out, std::string_view s) {
+  out += '"';
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += ch;
+        }
     }
-    return bad(where, "expected a non-negative integer, got " + type_of(v));
   }
-  static Result<int64_t> i64(const json& v, const std::string& where) {
-    if (v.is_number_integer() && !v.is_number_unsigned()) return v.get<int64_t>();
-    if (v.is_number_unsigned() && v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX))
-      return static_cast<int64_t>(v.get<uint64_t>());
-    return bad(where, "expected a 64-bit integer, got " + type_of(v));
-  }
-  static Result<std::string> str(const json& v, const std::string& where) {
-    if (!v.is_string()) return bad(where, "expected a string, got " + type_of(v));
-    return v.get<std::string>();
-  }
-  static std::string type_of(const json& v) {
-    if (v.is_number_float()) return "a non-integer number";
-    if (v.is_number()) return "number " + v.dump();
-    return v.type_name();
-  }
-};
-
-Result<std::vector<int64_t>> dims(const json& v, const std::string& where, uint32_t max_rank) {
-  if (!v.is_array()) return bad(where, "expected an array, got " + Reader::type_of(v));
-  if (v.size() > max_rank) return bad(where, "rank " + std::to_string(v.size()) + " exceeds " + std::to_string(max_rank));
-  std::vector<int64_t> out;
-  for (size_t i = 0; i < v.size(); ++i) {
-    CKPTIO_ASSIGN_OR_RETURN(uint64_t d, Reader::u64(v[i], where + "[" + std::to_string(i) + "]"));
-    if (d > static_cast<uint64_t>(INT64_MAX)) return bad(where + "[" + std::to_string(i) + "]", "too large");
-    out.push_back(static_cast<int64_t>(d));
-  }
-  return out;
+  out += '"';
 }
 
-bool boxes_intersect(const Box& a, const Box& b) {
-  for (size_t d = 0; d < a.rank(); ++d)
-    if (std::max(a.start[d], b.start[d]) >= std::min(a.stop[d], b.stop[d])) return false;
-  return true;
+// A scalar in canonical form: integers in decimal ("-0" becomes 0), floats
+// as nlohmann prints them (shortest text that reads back to the same double).
+void append_scalar(std::string& out, const Json& v) {
+  switch (v.type()) {
+    case Json::value_t::string: append_string(out, v.get_ref<const std::string&>()); break;
+    case Json::value_t::number_integer: out += std::to_string(v.get<int64_t>()); break;
+    case Json::value_t::number_unsigned: out += std::to_string(v.get<uint64_t>()); break;
+    default: out += v.dump(); break;  // null, true, false, floats (finite: the lexer refuses others)
+  }
 }
 
-bool box_empty(const Box& b) {
-  for (size_t d = 0; d < b.rank(); ++d)
-    if (b.start[d] == b.stop[d]) return true;
+// ---- Scalar checks ----------------------------------------------------------
+
+// Integers only: nlohmann reports 1.5, 1e3 and anything beyond uint64 as
+// floats, which are refused here. "-0" arrives as a signed zero and is 0.
+bool as_u64(const Json& v, uint64_t* out) {
+  if (v.is_number_unsigned()) {
+    *out = v.get<uint64_t>();
+    return true;
+  }
+  if (v.is_number_integer() && v.get<int64_t>() == 0) {
+    *out = 0;
+    return true;
+  }
   return false;
 }
 
-// Shards must cover the leaf exactly once: volumes add up and no two
-// non-empty boxes intersect. Pairwise for few shards; for many, the boxes
-// must align to a grid of their own cut points, and each grid cell may be
-// claimed once (work proportional to the cells, capped).
-Status check_exact_cover(const LeafRecord& leaf, const std::string& where) {
-  const uint64_t want = checked_num_bytes(leaf.shape).value_or(0);
-  uint64_t have = 0;
-  for (const auto& s : leaf.shards) {
-    uint64_t v = checked_num_bytes(s.box.extent()).value_or(0);
-    if (__builtin_add_overflow(have, v, &have)) return bad(where, "shard volumes overflow");
-  }
-  std::vector<const Box*> boxes;
-  for (const auto& s : leaf.shards)
-    if (!box_empty(s.box)) boxes.push_back(&s.box);
-  const size_t n = boxes.size();
-  if (n <= 2048) {
-    for (size_t i = 0; i < n; ++i)
-      for (size_t j = i + 1; j < n; ++j)
-        if (boxes_intersect(*boxes[i], *boxes[j]))
-          return bad(where, "shards overlap (" + std::to_string(i) + " and " + std::to_string(j) + " among non-empty shards)");
-  } else {
-    const size_t r = leaf.shape.size();
-    std::vector<std::vector<int64_t>> cuts(r);
-    for (const Box* b : boxes)
-      for (size_t d = 0; d < r; ++d) { cuts[d].push_back(b->start[d]); cuts[d].push_back(b->stop[d]); }
-    uint64_t cells = 1;
-    for (auto& c : cuts) {
-      std::sort(c.begin(), c.end());
-      c.erase(std::unique(c.begin(), c.end()), c.end());
-      if (__builtin_mul_overflow(cells, c.size() - 1, &cells) || cells > 16 * static_cast<uint64_t>(n) + 1024)
-        return bad(where, "shard layout is too fragmented to check (" + std::to_string(n) + " shards)");
-    }
-    std::vector<uint8_t> claimed(cells, 0);
-    for (size_t i = 0; i < n; ++i) {
-      const Box& b = *boxes[i];
-      std::vector<size_t> lo(r), hi(r), idx(r);
-      for (size_t d = 0; d < r; ++d) {
-        lo[d] = std::lower_bound(cuts[d].begin(), cuts[d].end(), b.start[d]) - cuts[d].begin();
-        hi[d] = std::lower_bound(cuts[d].begin(), cuts[d].end(), b.stop[d]) - cuts[d].begin();
-        idx[d] = lo[d];
-      }
-      for (;;) {
-        uint64_t cell = 0;
-        for (size_t d = 0; d < r; ++d) cell = cell * (cuts[d].size() - 1) + idx[d];
-        if (claimed[cell]++) return bad(where, "shards overlap (shard " + std::to_string(i) + ")");
-        size_t d = r;
-        while (d > 0 && ++idx[d - 1] == hi[d - 1]) { idx[d - 1] = lo[d - 1]; --d; }
-        if (d == 0) break;
-      }
-    }
-  }
-  if (have != want)
-    return bad(where, "shards cover " + std::to_string(have) + " of " + std::to_string(want) +
-                          " elements: they leave holes or overlap");
-  return Status::OK();
+std::string expected(const char* what, const Json& v) {
+  return std::string("expected ") + what + ", got " + describe(v);
 }
 
-Result<ShardRecord> parse_shard(const json& v, const std::string& where, const LeafRecord& leaf,
-                                const std::map<std::string, uint64_t>& files, const IndexLimits& limits) {
-  if (!v.is_object()) return bad(where, "expected an object");
-  ShardRecord s;
-  CKPTIO_ASSIGN_OR_RETURN(const json* box, Reader::field(v, where, "box"));
-  if (!box->is_object()) return bad(where + ".box", "expected an object");
-  CKPTIO_ASSIGN_OR_RETURN(const json* start, Reader::field(*box, where + ".box", "start"));
-  CKPTIO_ASSIGN_OR_RETURN(const json* stop, Reader::field(*box, where + ".box", "stop"));
-  CKPTIO_ASSIGN_OR_RETURN(s.box.start, dims(*start, where + ".box.start", limits.max_rank));
-  CKPTIO_ASSIGN_OR_RETURN(s.box.stop, dims(*stop, where + ".box.stop", limits.max_rank));
-  if (s.box.start.size() != leaf.shape.size() || s.box.stop.size() != leaf.shape.size())
-    return bad(where + ".box", "rank differs from the shape's " + std::to_string(leaf.shape.size()));
-  for (size_t d = 0; d < leaf.shape.size(); ++d)
-    if (s.box.start[d] > s.box.stop[d] || s.box.stop[d] > leaf.shape[d])
-      return bad(where + ".box", "dimension " + std::to_string(d) + " [" + std::to_string(s.box.start[d]) + ", " +
-                                     std::to_string(s.box.stop[d]) + ") lies outside shape " + shape_to_string(leaf.shape));
-  CKPTIO_ASSIGN_OR_RETURN(const json* file, Reader::field(v, where, "file"));
-  CKPTIO_ASSIGN_OR_RETURN(s.file, Reader::str(*file, where + ".file"));
-  if (!is_safe_relative_name(s.file) || s.file.find('/') != std::string::npos)
-    return bad(where + ".file", "unsafe data file name");
-  auto f = files.find(s.file);
-  if (f == files.end()) return bad(where + ".file", "\"" + s.file + "\" is not listed in \"files\"");
-  CKPTIO_ASSIGN_OR_RETURN(const json* off, Reader::field(v, where, "offset"));
-  CKPTIO_ASSIGN_OR_RETURN(s.offset, Reader::u64(*off, where + ".offset"));
-  CKPTIO_ASSIGN_OR_RETURN(const json* len, Reader::field(v, where, "length"));
-  CKPTIO_ASSIGN_OR_RETURN(s.length, Reader::u64(*len, where + ".length"));
-  auto want = checked_num_bytes(s.box.extent(), dtype_size(leaf.dtype));
-  if (!want || *want != s.length)
-    return bad(where + ".length", std::to_string(s.length) + " does not match the box's bytes");
-  uint64_t end;
-  if (__builtin_add_overflow(s.offset, s.length, &end) || end > f->second)
-    return bad(where + ".offset", "range ends past the end of data file \"" + s.file + "\" (" +
-                                      std::to_string(f->second) + " bytes)");
-  CKPTIO_ASSIGN_OR_RETURN(const json* crc, Reader::field(v, where, "crc32c"));
-  CKPTIO_ASSIGN_OR_RETURN(uint64_t c, Reader::u64(*crc, where + ".crc32c"));
-  if (c > 0xffffffffull) return bad(where + ".crc32c", "not a 32-bit value");
-  s.crc32c = static_cast<uint32_t>(c);
+bool is_flat_name(std::string_view name) {
+  return is_safe_relative_name(name) && name.find('/') == std::string_view::npos;
+}
+
+// Elements in a box already known to lie inside a shape whose size fits.
+uint64_t box_volume(const Box& box) {
+  uint64_t n = 1;
+  for (size_t d = 0; d < box.rank(); ++d) n *= static_cast<uint64_t>(box.stop[d] - box.start[d]);
+  return n;
+}
+
+// A problem found in a record after it closed: where, relative to the
+// record ("shards[3].box.stop[1]"), and what.
+struct Problem {
+  std::string where;
+  std::string what;
+};
+
+std::optional<Problem> check_exact_cover(const LeafRecord& leaf);
+
+// ---- Stage 2: the streaming reader ------------------------------------------
+
+// Where a value sits in the schema; decides how it is checked and stored.
+enum class Kind : uint8_t {
+  kRoot, kFiles, kFile, kPrefixes, kLeaves, kLeaf, kShape, kShards, kShard, kBox, kStart, kStop,
+  kMetadata,  // inside the user's metadata: copied to canonical text
+  kSkip,      // inside an unknown field: checked for duplicate keys, dropped
+};
+
+// The known members of the schema's objects. Values index a bit mask.
+enum Field : uint8_t {
+  kNoField,  // a member the schema does not know (ignored: forward compatibility)
+  kFormat, kVersion, kStep, kCreatedNs, kCommittedNs, kCreatedAt, kCommittedAt, kMetadataField,
+  kFilesField, kPrefixesField,
+  kName, kSize,
+  kPath, kDtype, kShapeField, kShardsField,
+  kBoxField, kFileField, kOffset, kLength, kCrc,
+  kStartField, kStopField,
+};
+
+struct FieldSpec {
+  Kind kind;
+  std::string_view name;
+  Field field;
+  bool required;
+};
+
+// In the order the writer writes them, which is also the order in which
+// missing members are reported.
+constexpr FieldSpec kSchema[] = {
+    {Kind::kRoot, "format", kFormat, true},
+    {Kind::kRoot, "version", kVersion, true},
+    {Kind::kRoot, "step", kStep, true},
+    {Kind::kRoot, "created_at", kCreatedAt, false},
+    {Kind::kRoot, "committed_at", kCommittedAt, false},
+    {Kind::kRoot, "created_unix_ns", kCreatedNs, true},
+    {Kind::kRoot, "committed_unix_ns", kCommittedNs, true},
+    {Kind::kRoot, "metadata", kMetadataField, true},
+    {Kind::kRoot, "files", kFilesField, true},
+    {Kind::kRoot, "prefixes", kPrefixesField, true},
+    {Kind::kFile, "name", kName, true},
+    {Kind::kFile, "size", kSize, true},
+    {Kind::kLeaf, "path", kPath, true},
+    {Kind::kLeaf, "dtype", kDtype, true},
+    {Kind::kLeaf, "shape", kShapeField, true},
+    {Kind::kLeaf, "shards", kShardsField, true},
+    {Kind::kShard, "box", kBoxField, true},
+    {Kind::kShard, "file", kFileField, true},
+    {Kind::kShard, "offset", kOffset, true},
+    {Kind::kShard, "length", kLength, true},
+    {Kind::kShard, "crc32c", kCrc, true},
+    {Kind::kBox, "start", kStartField, true},
+    {Kind::kBox, "stop", kStopField, true},
+};
+
+bool has_schema(Kind k) {
+  return k == Kind::kRoot || k == Kind::kFile || k == Kind::kLeaf || k == Kind::kShard ||
+         k == Kind::kBox;
+}
+
+Field find_field(Kind kind, std::string_view name) {
+  for (const FieldSpec& s : kSchema)
+    if (s.kind == kind && s.name == name) return s.field;
+  return kNoField;
+}
+
+// Keys of one object, for refusing duplicates: a short list scanned
+// linearly (nearly every object), a hash set once it grows.
+class KeySet {
+ public:
+  bool insert(const std::string& key) {  // false if already present
+    if (!big_) {
+      for (const auto& k : small_)
+        if (k == key) return false;
+      if (small_.size() < kLinear) {
+        small_.push_back(key);
+        return true;
+      }
+      big_ = std::make_unique<std::unordered_set<std::string>>(small_.begin(), small_.end());
+      small_.clear();
+    }
+    return big_->insert(key).second;
+  }
+
+ private:
+  static constexpr size_t kLinear = 16;
+  std::vector<std::string> small_;
+  std::unique_ptr<std::unordered_set<std::string>> big_;
+};
+
+// One open object or array.
+struct Frame {
+  Kind kind = Kind::kSkip;
+  bool is_object = false;
+  bool has_key = false;    // objects: a member's key was read, its value not finished
+  Field field = kNoField;  // objects: that member, if the schema knows it
+  size_t count = 0;        // members or elements so far
+  uint32_t seen = 0;       // schema objects: bit per Field seen
+  std::string key;         // objects: that member's key (for locations)
+  KeySet other_keys;       // objects: keys outside the schema
+};
+
+class IndexReader final : public nlohmann::json_sax<Json> {
+ public:
+  // kIndex reads a whole index; kMetadata reads a metadata object alone
+  // (check_metadata_json, serialize_index) into canonical text.
+  enum class Mode { kIndex, kMetadata };
+
+  IndexReader(Mode mode, const IndexLimits& limits, uint32_t max_depth)
+      : mode_(mode), limits_(limits), max_depth_(max_depth) {}
+
+  const Status& error() const { return error_; }
+  Index take_index() { return std::move(index_); }
+  std::string take_metadata() { return std::move(metadata_); }
+
+  bool null() override { return value(Json(nullptr)); }
+  bool boolean(bool v) override { return value(Json(v)); }
+  bool number_integer(number_integer_t v) override { return value(Json(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return value(Json(v)); }
+  bool number_float(number_float_t v, const string_t&) override { return value(Json(v)); }
+  bool string(string_t& v) override { return value(Json(std::move(v))); }
+  bool binary(binary_t&) override { return fail_here("binary values are not JSON"); }
+  bool start_object(std::size_t) override { return value(Json(Json::value_t::object)); }
+  bool start_array(std::size_t) override { return value(Json(Json::value_t::array)); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool key(string_t& k) override;
+  bool parse_error(std::size_t position, const std::string&,
+                   const nlohmann::detail::exception& ex) override;
+
+ private:
+  bool value(Json&& v);
+  bool accept(Frame& f, Json& v, Kind* child);
+  bool accept_root(Frame& f, Json& v, Kind* child);
+  bool accept_leaf(Frame& f, Json& v, Kind* child);
+  bool accept_shard(Frame& f, Json& v, Kind* child);
+  bool accept_coordinate(Frame& f, const Json& v, std::vector<int64_t>* out, size_t limit);
+  bool accept_metadata(Frame& f, const Json& v);
+  bool push(Kind kind, bool is_object);
+  bool close();
+  bool finish(const Frame& f);
+  bool finish_files();
+  bool finish_leaf();
+  bool finish_leaves();
+  bool finish_root();
+
+  bool get_u64(const Json& v, uint64_t* out);
+  bool get_nonneg_i64(const Json& v, int64_t* out);
+  bool get_string(Json& v, std::string* out);
+  bool want(const Json& v, bool is_object, Kind kind, Kind* child);
+
+  LeafRecord& leaf() { return index_.prefixes.back().leaves.back(); }
+  ShardRecord& shard() { return leaf().shards.back(); }
+
+  std::string location(bool container) const;
+  bool fail_here(const std::string& what) { return fail_where(location(false), what); }
+  bool fail_container(const std::string& what) { return fail_where(location(true), what); }
+  bool fail_at(std::string_view suffix, const std::string& what);
+  bool fail_where(std::string where, const std::string& what);
+
+  const Mode mode_;
+  const IndexLimits limits_;
+  const uint32_t max_depth_;
+  std::vector<Frame> stack_;
+  Index index_;
+  std::string metadata_;  // canonical text of the metadata object being read
+  uint64_t num_leaves_ = 0;
+  uint64_t total_bytes_ = 0;
+  std::unordered_map<std::string_view, size_t> files_;  // name -> position, once "files" closed
+  Status error_;
+};
+
+// ---- Locations and failures ----
+
+// The location of the value being read: for each open container, the key or
+// index of the child that is open (or, innermost, of the value coming). With
+// `container`, the innermost array's index is left out: the array itself.
+std::string IndexReader::location(bool container) const {
+  std::string s;
+  for (size_t i = 0; i < stack_.size(); ++i) {
+    const Frame& f = stack_[i];
+    const bool innermost = i + 1 == stack_.size();
+    if (!f.is_object) {
+      if (!(innermost && container))
+        s += "[" + std::to_string(innermost ? f.count : f.count - 1) + "]";
+    } else if (f.has_key) {
+      if (!s.empty()) s += '.';
+      s += for_message(f.key);
+    }
+  }
   return s;
 }
 
-Result<LeafRecord> parse_leaf(const json& v, const std::string& where,
-                              const std::map<std::string, uint64_t>& files, const IndexLimits& limits) {
-  if (!v.is_object()) return bad(where, "expected an object");
-  LeafRecord leaf;
-  CKPTIO_ASSIGN_OR_RETURN(const json* path, Reader::field(v, where, "path"));
-  CKPTIO_ASSIGN_OR_RETURN(leaf.path, Reader::str(*path, where + ".path"));
-  if (leaf.path.empty() || leaf.path.find('\0') != std::string::npos)
-    return bad(where + ".path", "empty or holds NUL");
-  const std::string at = where + "(" + leaf.path + ")";
-  CKPTIO_ASSIGN_OR_RETURN(const json* dt, Reader::field(v, at, "dtype"));
-  CKPTIO_ASSIGN_OR_RETURN(std::string dtype, Reader::str(*dt, at + ".dtype"));
-  auto parsed = parse_dtype(dtype);
-  if (!parsed) return bad(at + ".dtype", "unknown dtype \"" + dtype + "\"");
-  leaf.dtype = *parsed;
-  CKPTIO_ASSIGN_OR_RETURN(const json* shape, Reader::field(v, at, "shape"));
-  CKPTIO_ASSIGN_OR_RETURN(leaf.shape, dims(*shape, at + ".shape", limits.max_rank));
-  if (!checked_num_bytes(leaf.shape, dtype_size(leaf.dtype)))
-    return bad(at + ".shape", shape_to_string(leaf.shape) + " overflows 64 bits of bytes");
-  CKPTIO_ASSIGN_OR_RETURN(const json* shards, Reader::field(v, at, "shards"));
-  if (!shards->is_array()) return bad(at + ".shards", "expected an array");
-  if (shards->empty()) return bad(at + ".shards", "a leaf needs at least one shard");
-  if (shards->size() > limits.max_shards_per_leaf) return bad(at + ".shards", "too many shards");
-  for (size_t i = 0; i < shards->size(); ++i) {
-    CKPTIO_ASSIGN_OR_RETURN(ShardRecord s, parse_shard((*shards)[i], at + ".shards[" + std::to_string(i) + "]", leaf, files, limits));
-    leaf.shards.push_back(std::move(s));
+bool IndexReader::fail_at(std::string_view suffix, const std::string& what) {
+  std::string where = location(true);
+  if (where.empty() && !suffix.empty() && suffix[0] == '.') suffix.remove_prefix(1);
+  return fail_where(where + std::string(suffix), what);
+}
+
+// Index locations start at the top ("prefixes.model"); a metadata text read
+// on its own names itself ("metadata.a").
+bool IndexReader::fail_where(std::string where, const std::string& what) {
+  const char* root = mode_ == Mode::kIndex ? "index" : "metadata";
+  if (where.empty()) where = root;
+  else if (mode_ == Mode::kMetadata) where = std::string(root) + (where[0] == '[' ? "" : ".") + where;
+  error_ = data_loss(where + ": " + what);
+  return false;
+}
+
+bool IndexReader::parse_error(std::size_t position, const std::string&,
+                              const nlohmann::detail::exception& ex) {
+  // Drop nlohmann's "[json.exception.parse_error.101] " tag; keep the reason.
+  std::string_view what = ex.what();
+  if (auto p = what.find("] "); p != std::string_view::npos) what.remove_prefix(p + 2);
+  return fail_here("invalid JSON at byte " + std::to_string(position) + ": " +
+                   for_message(what, /*ascii=*/true, 300));
+}
+
+// ---- Events ----
+
+bool IndexReader::key(string_t& k) {
+  Frame& f = stack_.back();
+  ++f.count;
+  f.key = std::move(k);
+  f.has_key = true;
+  f.field = kNoField;
+  if (has_schema(f.kind)) {
+    f.field = find_field(f.kind, f.key);
+    if (f.field != kNoField) {
+      const uint32_t bit = 1u << f.field;
+      if (f.seen & bit) return fail_here("duplicate key");
+      f.seen |= bit;
+      return true;
+    }
   }
-  CKPTIO_RETURN_IF_ERROR(check_exact_cover(leaf, at + ".shards"));
-  return leaf;
+  if (!f.other_keys.insert(f.key)) return fail_here("duplicate key");
+  if (f.kind == Kind::kMetadata) {
+    if (f.count > 1) metadata_ += ',';
+    append_string(metadata_, f.key);
+    metadata_ += ':';
+  } else if (f.kind == Kind::kPrefixes) {
+    f.has_key = false;  // the name is wrong, not its value: report at "prefixes"
+    if (f.key.empty()) return fail_here("empty prefix name");
+    if (!is_safe_relative_name(f.key)) return fail_here("unsafe prefix name " + quote_name(f.key));
+    f.has_key = true;
+    index_.prefixes.emplace_back().name = f.key;
+  }
+  return true;
+}
+
+// Every value, scalar or container, at the place the stack says. `v` is a
+// temporary of ours: strings may be moved out of it.
+bool IndexReader::value(Json&& v) {
+  Kind child = Kind::kSkip;
+  if (stack_.empty()) {  // the document's value
+    if (!v.is_object()) return fail_here(expected("an object", v));
+    if (mode_ == Mode::kMetadata) metadata_ += '{';
+    return push(mode_ == Mode::kIndex ? Kind::kRoot : Kind::kMetadata, true);
+  }
+  Frame& f = stack_.back();
+  if (!accept(f, v, &child)) return false;
+  if (!f.is_object) ++f.count;
+  if (v.is_structured()) return push(child, v.is_object());
+  f.has_key = false;
+  return true;
+}
+
+bool IndexReader::push(Kind kind, bool is_object) {
+  // Stage 1 has bounded depth already; this keeps the reader safe on its own.
+  if (stack_.size() >= max_depth_) return fail_here("nesting deeper than " + std::to_string(max_depth_));
+  Frame& f = stack_.emplace_back();
+  f.kind = kind;
+  f.is_object = is_object;
+  return true;
+}
+
+bool IndexReader::close() {
+  if (!finish(stack_.back())) return false;
+  const Frame& f = stack_.back();
+  if (f.kind == Kind::kMetadata) metadata_ += f.is_object ? '}' : ']';
+  stack_.pop_back();
+  if (stack_.empty()) return true;
+  Frame& parent = stack_.back();
+  if (parent.kind == Kind::kRoot && parent.field == kMetadataField)
+    index_.metadata_json = std::move(metadata_);
+  parent.has_key = false;
+  return true;
+}
+
+// ---- Values, by where they are ----
+
+bool IndexReader::get_u64(const Json& v, uint64_t* out) {
+  return as_u64(v, out) || fail_here(expected("a non-negative integer", v));
+}
+
+bool IndexReader::get_nonneg_i64(const Json& v, int64_t* out) {
+  uint64_t u;
+  if (!get_u64(v, &u)) return false;
+  if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    return fail_here(std::to_string(u) + " is larger than " +
+                     std::to_string(std::numeric_limits<int64_t>::max()));
+  *out = static_cast<int64_t>(u);
+  return true;
+}
+
+bool IndexReader::get_string(Json& v, std::string* out) {
+  if (!v.is_string()) return fail_here(expected("a string", v));
+  *out = std::move(v.get_ref<std::string&>());
+  return true;
+}
+
+// A container of the given type, whose children are read as `kind`.
+bool IndexReader::want(const Json& v, bool is_object, Kind kind, Kind* child) {
+  if (is_object ? !v.is_object() : !v.is_array())
+    return fail_here(expected(is_object ? "an object" : "an array", v));
+  *child = kind;
+  return true;
+}
+
+bool IndexReader::accept(Frame& f, Json& v, Kind* child) {
+  if (f.is_object && f.field == kNoField && f.kind != Kind::kMetadata && f.kind != Kind::kPrefixes)
+    return true;  // an unknown member, or inside one: *child stays kSkip
+  switch (f.kind) {
+    case Kind::kRoot: return accept_root(f, v, child);
+    case Kind::kFiles:
+      if (!want(v, true, Kind::kFile, child)) return false;
+      index_.files.emplace_back();
+      return true;
+    case Kind::kFile:
+      if (f.field == kName) return get_string(v, &index_.files.back().name);
+      return get_u64(v, &index_.files.back().size);
+    case Kind::kPrefixes: return want(v, false, Kind::kLeaves, child);
+    case Kind::kLeaves:
+      if (!want(v, true, Kind::kLeaf, child)) return false;
+      if (num_leaves_++ == limits_.max_leaves)
+        return fail_container("the index holds more than the limit of " +
+                              std::to_string(limits_.max_leaves) + " leaves");
+      index_.prefixes.back().leaves.emplace_back();
+      return true;
+    case Kind::kLeaf: return accept_leaf(f, v, child);
+    case Kind::kShape: return accept_coordinate(f, v, &leaf().shape, limits_.max_rank);
+    case Kind::kShards:
+      if (!want(v, true, Kind::kShard, child)) return false;
+      if (f.count == limits_.max_shards_per_leaf)
+        return fail_container("more than the limit of " +
+                              std::to_string(limits_.max_shards_per_leaf) + " shards");
+      leaf().shards.emplace_back();
+      return true;
+    case Kind::kShard: return accept_shard(f, v, child);
+    case Kind::kBox: return want(v, false, f.field == kStartField ? Kind::kStart : Kind::kStop, child);
+    case Kind::kStart: return accept_coordinate(f, v, &shard().box.start, limits_.max_rank);
+    case Kind::kStop: return accept_coordinate(f, v, &shard().box.stop, limits_.max_rank);
+    case Kind::kMetadata:
+      *child = Kind::kMetadata;
+      return accept_metadata(f, v);
+    case Kind::kSkip: return true;
+  }
+  return true;
+}
+
+bool IndexReader::accept_root(Frame& f, Json& v, Kind* child) {
+  switch (f.field) {
+    case kFormat: {
+      std::string format;
+      if (!get_string(v, &format)) return false;
+      if (format != kIndexFormat)
+        return fail_here(quote_name(format) + " is not \"" + kIndexFormat + "\"");
+      return true;
+    }
+    case kVersion:
+      if (!v.is_number_unsigned() || v.get<uint64_t>() != static_cast<uint64_t>(kIndexVersion))
+        return fail_here("unsupported version " +
+                         (v.is_string() ? quote_name(v.get_ref<const std::string&>()) : describe(v)) +
+                         " (this reader understands " + std::to_string(kIndexVersion) + ")");
+      return true;
+    case kStep: return get_nonneg_i64(v, &index_.step);
+    case kCreatedNs: return get_nonneg_i64(v, &index_.created_unix_ns);
+    case kCommittedNs: return get_nonneg_i64(v, &index_.committed_unix_ns);
+    case kCreatedAt:
+    case kCommittedAt:
+      // For humans; the integers are authoritative.
+      return v.is_string() || fail_here(expected("a string", v));
+    case kMetadataField:
+      if (!want(v, true, Kind::kMetadata, child)) return false;
+      metadata_ = "{";
+      return true;
+    case kFilesField: return want(v, false, Kind::kFiles, child);
+    case kPrefixesField: return want(v, true, Kind::kPrefixes, child);
+    default: return true;
+  }
+}
+
+bool IndexReader::accept_leaf(Frame& f, Json& v, Kind* child) {
+  switch (f.field) {
+    case kPath: {
+      std::string& path = leaf().path;
+      if (!get_string(v, &path)) return false;
+      if (path.empty()) return fail_here("empty leaf path");
+      if (path.find('\0') != std::string::npos) return fail_here("leaf path contains NUL");
+      return true;
+    }
+    case kDtype: {
+      std::string name;
+      if (!get_string(v, &name)) return false;
+      auto dt = parse_dtype(name);
+      if (!dt) return fail_here("unknown dtype " + quote_name(name));
+      leaf().dtype = *dt;
+      return true;
+    }
+    case kShapeField: return want(v, false, Kind::kShape, child);
+    case kShardsField: return want(v, false, Kind::kShards, child);
+    default: return true;
+  }
+}
+
+bool IndexReader::accept_shard(Frame& f, Json& v, Kind* child) {
+  switch (f.field) {
+    case kBoxField: return want(v, true, Kind::kBox, child);
+    case kFileField: return get_string(v, &shard().file);
+    case kOffset: return get_u64(v, &shard().offset);
+    case kLength: return get_u64(v, &shard().length);
+    case kCrc: {
+      uint64_t crc;
+      if (!get_u64(v, &crc)) return false;
+      if (crc > UINT32_MAX) return fail_here(std::to_string(crc) + " is larger than 4294967295");
+      shard().crc32c = static_cast<uint32_t>(crc);
+      return true;
+    }
+    default: return true;
+  }
+}
+
+// A shape dimension or box coordinate. At most `limit` of them: a box's rank
+// is compared with its leaf's when the leaf closes (the shape may come later).
+bool IndexReader::accept_coordinate(Frame& f, const Json& v, std::vector<int64_t>* out,
+                                    size_t limit) {
+  if (f.count == limit)
+    return fail_container("rank larger than the limit of " + std::to_string(limit));
+  int64_t x;
+  if (!get_nonneg_i64(v, &x)) return false;
+  out->push_back(x);
+  return true;
+}
+
+bool IndexReader::accept_metadata(Frame& f, const Json& v) {
+  if (!f.is_object && f.count > 0) metadata_ += ',';
+  if (v.is_object()) metadata_ += '{';
+  else if (v.is_array()) metadata_ += '[';
+  else append_scalar(metadata_, v);
+  return true;
+}
+
+// ---- Records, as they close ----
+
+bool IndexReader::finish(const Frame& f) {
+  if (has_schema(f.kind))
+    for (const FieldSpec& s : kSchema)
+      if (s.kind == f.kind && s.required && !(f.seen & (1u << s.field)))
+        return fail_at("." + std::string(s.name), "missing");
+  switch (f.kind) {
+    case Kind::kFile: {
+      const std::string& name = index_.files.back().name;
+      if (!is_flat_name(name))
+        return fail_at(".name", "unsafe data file name " + quote_name(name) +
+                                    " (must be one non-empty path component, not \".\" or "
+                                    "\"..\", without '/', '\\' or NUL)");
+      return true;
+    }
+    case Kind::kFiles: return finish_files();
+    case Kind::kLeaf: return finish_leaf();
+    case Kind::kLeaves: return finish_leaves();
+    case Kind::kRoot: return mode_ == Mode::kIndex ? finish_root() : true;
+    default: return true;
+  }
+}
+
+// The file table: names are final now (the vector no longer grows), so the
+// map can hold views of them.
+bool IndexReader::finish_files() {
+  files_.reserve(index_.files.size());
+  for (size_t i = 0; i < index_.files.size(); ++i) {
+    auto [it, fresh] = files_.emplace(index_.files[i].name, i);
+    if (!fresh)
+      return fail_at("[" + std::to_string(i) + "].name",
+                     "duplicate data file name " + quote_name(index_.files[i].name) + " (also files[" +
+                         std::to_string(it->second) + "])");
+  }
+  return true;
+}
+
+// Everything about a leaf that needs its shape and dtype, which may come
+// after its shards.
+bool IndexReader::finish_leaf() {
+  const LeafRecord& l = leaf();
+  const size_t item = dtype_size(l.dtype);
+  const size_t rank = l.shape.size();
+  if (!checked_num_bytes(l.shape, item))
+    return fail_at(".shape", shape_to_string(l.shape) + " of \"" + std::string(dtype_name(l.dtype)) +
+                                 "\" holds more than 2^64 bytes");
+  for (size_t j = 0; j < l.shards.size(); ++j) {
+    const ShardRecord& s = l.shards[j];
+    const std::string at = ".shards[" + std::to_string(j) + "]";
+    for (auto [name, coords] : {std::pair{"start", &s.box.start}, std::pair{"stop", &s.box.stop}})
+      if (coords->size() != rank)
+        return fail_at(at + ".box." + name, "rank " + std::to_string(coords->size()) +
+                                                " does not match the leaf's rank " + std::to_string(rank));
+    for (size_t d = 0; d < rank; ++d) {
+      const std::string dim = "[" + std::to_string(d) + "]";
+      if (s.box.start[d] > s.box.stop[d])
+        return fail_at(at + ".box.start" + dim, std::to_string(s.box.start[d]) + " is greater than stop" +
+                                                    dim + " = " + std::to_string(s.box.stop[d]));
+      if (s.box.stop[d] > l.shape[d])
+        return fail_at(at + ".box.stop" + dim, std::to_string(s.box.stop[d]) +
+                                                   " is beyond the leaf's shape" + dim + " = " +
+                                                   std::to_string(l.shape[d]));
+    }
+    const uint64_t bytes = box_volume(s.box) * item;
+    if (s.length != bytes)
+      return fail_at(at + ".length", std::to_string(s.length) + ", but the box holds " +
+                                         std::to_string(bytes) + " bytes");
+    if (__builtin_add_overflow(total_bytes_, s.length, &total_bytes_))
+      return fail_at(at + ".length", "the index's total of shard lengths overflows 64 bits");
+  }
+  if (auto problem = check_exact_cover(l)) return fail_at(".shards" + problem->where, problem->what);
+  return true;
+}
+
+bool IndexReader::finish_leaves() {
+  const auto& leaves = index_.prefixes.back().leaves;
+  std::unordered_map<std::string_view, size_t> seen;
+  seen.reserve(leaves.size());
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    auto [it, fresh] = seen.emplace(leaves[i].path, i);
+    if (!fresh)
+      return fail_at("[" + std::to_string(i) + "].path",
+                     "duplicate leaf path " + quote_name(leaves[i].path) + " (also at [" +
+                         std::to_string(it->second) + "])");
+  }
+  return true;
+}
+
+// Shard -> file references: "files" may follow "prefixes" in the text.
+bool IndexReader::finish_root() {
+  for (const PrefixRecord& p : index_.prefixes)
+    for (size_t i = 0; i < p.leaves.size(); ++i)
+      for (size_t j = 0; j < p.leaves[i].shards.size(); ++j) {
+        const ShardRecord& s = p.leaves[i].shards[j];
+        const std::string at = "prefixes." + for_message(p.name) + "[" + std::to_string(i) +
+                               "].shards[" + std::to_string(j) + "]";
+        auto it = files_.find(s.file);
+        if (it == files_.end())
+          return fail_at(at + ".file", quote_name(s.file) + " is not listed in \"files\"");
+        const uint64_t size = index_.files[it->second].size;
+        uint64_t end;
+        if (__builtin_add_overflow(s.offset, s.length, &end))
+          return fail_at(at + ".offset", "offset + length overflows 64 bits");
+        if (end > size)
+          return fail_at(at + ".offset", "bytes [" + std::to_string(s.offset) + ", " +
+                                             std::to_string(end) + ") lie beyond the end of " +
+                                             quote_name(s.file) + " (size " + std::to_string(size) + ")");
+      }
+  return true;
+}
+
+// Runs the reader over `text` after the byte screening of stage 1.
+Status read_json(std::string_view text, uint64_t max_bytes, uint32_t max_depth, IndexReader* reader,
+                 const char* root) {
+  if (text.size() > max_bytes)
+    return data_loss(std::string(root) + ": " + std::to_string(text.size()) +
+                     " bytes, larger than the limit of " + std::to_string(max_bytes));
+  if (size_t at = find_excess_depth(text, max_depth); at != std::string_view::npos)
+    return data_loss(std::string(root) + ": JSON nesting deeper than " + std::to_string(max_depth) +
+                     " at byte " + std::to_string(at));
+  const char* begin = text.data();
+  if (!Json::sax_parse(begin, begin + text.size(), reader)) {
+    if (!reader->error().ok()) return reader->error();
+    return data_loss(std::string(root) + ": invalid JSON");
+  }
+  return Status::OK();
+}
+
+// User metadata alone, as canonical text. The object sits one level inside
+// the index object, so it may nest one level less.
+Result<std::string> read_metadata(std::string_view text) {
+  const IndexLimits limits;
+  IndexReader reader(IndexReader::Mode::kMetadata, limits, limits.max_depth - 1);
+  CKPTIO_RETURN_IF_ERROR(read_json(text, limits.max_bytes, limits.max_depth - 1, &reader, "metadata"));
+  return reader.take_metadata();
+}
+
+// ---- Exact cover ------------------------------------------------------------
+//
+// The non-empty shard boxes of a leaf must partition its shape. Every box is
+// already inside the shape, so that holds exactly when their volumes sum to
+// the leaf's and no two of them intersect. The intersection test picks an
+// algorithm by how many dimensions the boxes actually split (dimensions that
+// every box spans whole cannot separate two boxes):
+//   - few boxes: pairwise;
+//   - one split dimension: sort by start, compare neighbours, O(n log n);
+//   - two: sweep along one with an ordered set of the other's intervals,
+//     O(n log n);
+//   - three or more: mark the cells of the coordinate-compressed grid. Grid
+//     layouts (what sharding produces) have exactly n cells; irregular
+//     layouts beyond kMaxGridCells cells are refused as unverifiable.
+
+constexpr size_t kPairwiseBoxes = 16;
+constexpr uint64_t kMaxGridCells = 1ull << 27;  // a 16 MiB bitmap
+
+struct OverlapCheck {
+  enum Kind { kNone, kOverlap, kTooIrregular } kind = kNone;
+  size_t a = 0, b = 0;  // positions in the box list, for kOverlap
+};
+
+bool intersects(const Box& x, const Box& y) {
+  for (size_t d = 0; d < x.rank(); ++d)
+    if (std::max(x.start[d], y.start[d]) >= std::min(x.stop[d], y.stop[d])) return false;
+  return true;
+}
+
+OverlapCheck overlap_pairwise(const std::vector<const Box*>& boxes) {
+  for (size_t i = 0; i < boxes.size(); ++i)
+    for (size_t j = i + 1; j < boxes.size(); ++j)
+      if (intersects(*boxes[i], *boxes[j])) return {OverlapCheck::kOverlap, i, j};
+  return {};
+}
+
+OverlapCheck overlap_1d(const std::vector<const Box*>& boxes, size_t d) {
+  std::vector<size_t> order(boxes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t x, size_t y) { return boxes[x]->start[d] < boxes[y]->start[d]; });
+  for (size_t i = 1; i < order.size(); ++i)
+    if (boxes[order[i - 1]]->stop[d] > boxes[order[i]]->start[d])
+      return {OverlapCheck::kOverlap, order[i - 1], order[i]};
+  return {};
+}
+
+// Sweeps dimension x; the boxes open at each x must have disjoint y
+// intervals, kept in a map from y start to box.
+OverlapCheck overlap_2d(const std::vector<const Box*>& boxes, size_t x, size_t y) {
+  struct Event {
+    int64_t at;
+    bool open;  // closes sort first: boxes are half-open
+    size_t box;
+  };
+  std::vector<Event> events;
+  events.reserve(2 * boxes.size());
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    events.push_back({boxes[i]->start[x], true, i});
+    events.push_back({boxes[i]->stop[x], false, i});
+  }
+  std::sort(events.begin(), events.end(), [](const Event& p, const Event& q) {
+    return p.at != q.at ? p.at < q.at : p.open < q.open;
+  });
+  std::map<int64_t, size_t> open;
+  for (const Event& e : events) {
+    const Box& b = *boxes[e.box];
+    if (!e.open) {
+      open.erase(b.start[y]);
+      continue;
+    }
+    auto next = open.lower_bound(b.start[y]);
+    if (next != open.end() && next->first < b.stop[y])
+      return {OverlapCheck::kOverlap, next->second, e.box};
+    if (next != open.begin()) {
+      auto prev = std::prev(next);
+      if (boxes[prev->second]->stop[y] > b.start[y])
+        return {OverlapCheck::kOverlap, prev->second, e.box};
+    }
+    open.emplace_hint(next, b.start[y], e.box);
+  }
+  return {};
+}
+
+OverlapCheck overlap_grid(const std::vector<const Box*>& boxes, const Shape& shape,
+                          const std::vector<size_t>& dims) {
+  const size_t r = dims.size();
+  std::vector<std::vector<int64_t>> cuts(r);
+  uint64_t cells = 1;
+  for (size_t k = 0; k < r; ++k) {
+    auto& c = cuts[k];
+    c.reserve(2 * boxes.size() + 2);
+    c.push_back(0);
+    c.push_back(shape[dims[k]]);
+    for (const Box* b : boxes) {
+      c.push_back(b->start[dims[k]]);
+      c.push_back(b->stop[dims[k]]);
+    }
+    std::sort(c.begin(), c.end());
+    c.erase(std::unique(c.begin(), c.end()), c.end());
+    if (__builtin_mul_overflow(cells, c.size() - 1, &cells) || cells > kMaxGridCells)
+      return {OverlapCheck::kTooIrregular};
+  }
+  std::vector<uint64_t> marked((cells + 63) / 64);
+  std::vector<size_t> lo(r), hi(r), idx(r);
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    for (size_t k = 0; k < r; ++k) {
+      const auto& c = cuts[k];
+      lo[k] = std::lower_bound(c.begin(), c.end(), boxes[i]->start[dims[k]]) - c.begin();
+      hi[k] = std::lower_bound(c.begin(), c.end(), boxes[i]->stop[dims[k]]) - c.begin();
+    }
+    idx = lo;
+    while (true) {  // every cell of the box, odometer order
+      uint64_t cell = 0;
+      for (size_t k = 0; k < r; ++k) cell = cell * (cuts[k].size() - 1) + idx[k];
+      uint64_t& word = marked[cell / 64];
+      const uint64_t bit = 1ull << (cell % 64);
+      if (word & bit) {  // find who marked it first: one linear scan
+        for (size_t j = 0; j < i; ++j)
+          if (intersects(*boxes[j], *boxes[i])) return {OverlapCheck::kOverlap, j, i};
+        return {OverlapCheck::kOverlap, i, i};  // unreachable
+      }
+      word |= bit;
+      size_t k = r;
+      while (k > 0 && ++idx[k - 1] == hi[k - 1]) {
+        idx[k - 1] = lo[k - 1];
+        --k;
+      }
+      if (k == 0) break;
+    }
+  }
+  return {};
+}
+
+OverlapCheck find_overlap(const std::vector<const Box*>& boxes, const Shape& shape) {
+  if (boxes.size() <= kPairwiseBoxes) return overlap_pairwise(boxes);
+  std::vector<size_t> split;  // dimensions some box does not span whole
+  for (size_t d = 0; d < shape.size(); ++d)
+    for (const Box* b : boxes)
+      if (b->start[d] != 0 || b->stop[d] != shape[d]) {
+        split.push_back(d);
+        break;
+      }
+  switch (split.size()) {
+    case 0: return {OverlapCheck::kOverlap, 0, 1};  // all whole; n > 1
+    case 1: return overlap_1d(boxes, split[0]);
+    case 2: return overlap_2d(boxes, split[0], split[1]);
+    default: return overlap_grid(boxes, shape, split);
+  }
+}
+
+std::optional<Problem> check_exact_cover(const LeafRecord& leaf) {
+  const uint64_t volume = *checked_num_bytes(leaf.shape);  // fits: checked with the itemsize
+  if (leaf.shards.size() == 1 && box_volume(leaf.shards[0].box) == volume) return std::nullopt;
+  uint64_t covered = 0;
+  std::vector<const Box*> boxes;
+  std::vector<size_t> shard_of;  // box list position -> shard index
+  for (size_t i = 0; i < leaf.shards.size(); ++i) {
+    const uint64_t v = box_volume(leaf.shards[i].box);
+    if (v == 0) continue;
+    if (__builtin_add_overflow(covered, v, &covered) || covered > volume)
+      return Problem{"[" + std::to_string(i) + "]",
+                     "shards overlap: the boxes up to here hold more than the leaf's " +
+                         std::to_string(volume) + " elements"};
+    boxes.push_back(&leaf.shards[i].box);
+    shard_of.push_back(i);
+  }
+  if (covered < volume)
+    return Problem{"", "shards leave a hole: their boxes hold " + std::to_string(covered) +
+                           " of the leaf's " + std::to_string(volume) + " elements"};
+  const OverlapCheck o = find_overlap(boxes, leaf.shape);
+  switch (o.kind) {
+    case OverlapCheck::kNone: return std::nullopt;
+    case OverlapCheck::kOverlap:
+      return Problem{"[" + std::to_string(shard_of[o.b]) + "]",
+                     "box overlaps that of shards[" + std::to_string(shard_of[o.a]) +
+                         "] (and so the shards leave a hole too)"};
+    case OverlapCheck::kTooIrregular:
+      return Problem{"", "shard layout too irregular to verify: its compressed grid has more than " +
+                             std::to_string(kMaxGridCells) + " cells"};
+  }
+  return std::nullopt;
+}
+
+
+// ---- Serialization ----------------------------------------------------------
+
+// RFC 3339 UTC with nanoseconds, from Unix nanoseconds (days-to-civil after
+// Howard Hinnant's algorithm).
+std::string rfc3339(int64_t unix_ns) {
+  constexpr int64_t kNs = 1'000'000'000, kDay = 86'400;
+  int64_t secs = unix_ns / kNs, frac = unix_ns % kNs;
+  if (frac < 0) frac += kNs, --secs;
+  int64_t days = secs / kDay, sod = secs % kDay;
+  if (sod < 0) sod += kDay, --days;
+  const int64_t z = days + 719468;
+  const int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+  const int64_t doe = z - era * 146097;
+  const int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+  const int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+  const int64_t mp = (5 * doy + 2) / 153;
+  const int64_t d = doy - (153 * mp + 2) / 5 + 1;
+  const int64_t m = mp < 10 ? mp + 3 : mp - 9;
+  const int64_t y = yoe + era * 400 + (m <= 2);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04" PRId64 "-%02" PRId64 "-%02" PRId64 "T%02" PRId64 ":%02" PRId64
+                ":%02" PRId64 ".%09" PRId64 "Z",
+                y, m, d, sod / 3600, sod / 60 % 60, sod % 60, frac);
+  return buf;
+}
+
+void append_ints(std::string& out, const std::vector<int64_t>& v) {
+  out += '[';
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(v[i]);
+  }
+  out += ']';
+}
+
+// The metadata object, compact; or, when metadata_json is not acceptable,
+// that text as a JSON string, which every reader refuses.
+std::string metadata_text(const std::string& metadata_json) {
+  auto canonical = read_metadata(metadata_json);
+  if (canonical.ok()) return std::move(canonical).value();
+  std::string s;
+  append_string(s, metadata_json);
+  return s;
+}
+
+void append_shard(std::string& out, const ShardRecord& s) {
+  out += "{\"box\": {\"start\": ";
+  append_ints(out, s.box.start);
+  out += ", \"stop\": ";
+  append_ints(out, s.box.stop);
+  out += "}, \"file\": ";
+  append_string(out, s.file);
+  out += ", \"offset\": " + std::to_string(s.offset);
+  out += ", \"length\": " + std::to_string(s.length);
+  out += ", \"crc32c\": " + std::to_string(s.crc32c) + "}";
+}
+
+void append_leaf(std::string& out, const LeafRecord& leaf) {
+  out += "      {\"path\": ";
+  append_string(out, leaf.path);
+  out += ", \"dtype\": ";
+  append_string(out, dtype_name(leaf.dtype));
+  out += ", \"shape\": ";
+  append_ints(out, leaf.shape);
+  out += ", \"shards\": [";
+  for (size_t i = 0; i < leaf.shards.size(); ++i) {
+    out += i ? ",\n        " : "\n        ";
+    append_shard(out, leaf.shards[i]);
+  }
+  out += leaf.shards.empty() ? "]}" : "\n      ]}";
+}
+
+std::string serialize(const Index& index) {
+  std::string out = "{\n  \"format\": ";
+  append_string(out, kIndexFormat);
+  out += ",\n  \"version\": " + std::to_string(kIndexVersion);
+  out += ",\n  \"step\": " + std::to_string(index.step);
+  out += ",\n  \"created_at\": \"" + rfc3339(index.created_unix_ns) + "\"";
+  out += ",\n  \"committed_at\": \"" + rfc3339(index.committed_unix_ns) + "\"";
+  out += ",\n  \"created_unix_ns\": " + std::to_string(index.created_unix_ns);
+  out += ",\n  \"committed_unix_ns\": " + std::to_string(index.committed_unix_ns);
+  out += ",\n  \"metadata\": " + metadata_text(index.metadata_json);
+  out += ",\n  \"files\": [";
+  for (size_t i = 0; i < index.files.size(); ++i) {
+    out += i ? ",\n    {\"name\": " : "\n    {\"name\": ";
+    append_string(out, index.files[i].name);
+    out += ", \"size\": " + std::to_string(index.files[i].size) + "}";
+  }
+  out += index.files.empty() ? "]" : "\n  ]";
+  out += ",\n  \"prefixes\": {";
+  for (size_t p = 0; p < index.prefixes.size(); ++p) {
+    const PrefixRecord& prefix = index.prefixes[p];
+    out += p ? ",\n    " : "\n    ";
+    append_string(out, prefix.name);
+    out += ": [";
+    for (size_t i = 0; i < prefix.leaves.size(); ++i) {
+      out += i ? ",\n" : "\n";
+      append_leaf(out, prefix.leaves[i]);
+    }
+    out += prefix.leaves.empty() ? "]" : "\n    ]";
+  }
+  out += index.prefixes.empty() ? "}\n}\n" : "\n  }\n}\n";
+  return out;
 }
 
 }  // namespace
 
-Result<Index> parse_index(std::string_view text, const IndexLimits& limits) {
-  if (text.size() > limits.max_bytes)
-    return bad("$", "index is " + std::to_string(text.size()) + " bytes, over the limit of " +
-                        std::to_string(limits.max_bytes));
-  if (!depth_within(text, limits.max_depth))
-    return bad("$", "JSON nests deeper than " + std::to_string(limits.max_depth) + " levels");
+uint64_t LeafRecord::num_bytes() const {
+  return checked_num_bytes(shape, dtype_size(dtype)).value_or(UINT64_MAX);
+}
 
-  // Duplicate keys: nlohmann keeps the last silently; the callback sees each
-  // key as it is read, with the object it belongs to still open.
-  std::vector<std::unordered_set<std::string>> open_objects;
-  std::string duplicate;
-  auto cb = [&](int, json::parse_event_t ev, json& parsed) {
-    switch (ev) {
-      case json::parse_event_t::object_start: open_objects.emplace_back(); break;
-      case json::parse_event_t::object_end: if (!open_objects.empty()) open_objects.pop_back(); break;
-      case json::parse_event_t::key:
-        if (!open_objects.empty() && !open_objects.back().insert(parsed.get<std::string>()).second &&
-            duplicate.empty())
-          duplicate = parsed.get<std::string>();
-        break;
-      default: break;
-    }
-    return true;
-  };
-  json doc;
+uint64_t Index::total_bytes() const {
+  uint64_t total = 0;
+  for (const auto& p : prefixes)
+    for (const auto& l : p.leaves)
+      for (const auto& s : l.shards)
+        if (__builtin_add_overflow(total, s.length, &total)) return UINT64_MAX;
+  return total;
+}
+
+bool is_safe_relative_name(std::string_view name) {
+  if (name.empty() || name.front() == '/') return false;
+  if (name.find('\0') != std::string_view::npos || name.find('\\') != std::string_view::npos)
+    return false;
+  size_t begin = 0;
+  while (true) {  // each '/'-separated component
+    const size_t end = std::min(name.find('/', begin), name.size());
+    const std::string_view part = name.substr(begin, end - begin);
+    if (part.empty() || part == "." || part == "..") return false;
+    if (end == name.size()) return true;
+    begin = end + 1;
+  }
+}
+
+Result<Index> parse_index(std::string_view json, const IndexLimits& limits) {
   try {
-    doc = json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const json::exception& e) {
-    return bad("$", std::string("not valid JSON: ") + e.what());
+    // Serializing metadata back never recurses, but keep a ceiling anyway: a
+    // caller's huge max_depth should not become a huge frame stack.
+    const uint32_t depth = std::min(limits.max_depth, kMaxSupportedDepth);
+    IndexReader reader(IndexReader::Mode::kIndex, limits, depth);
+    CKPTIO_RETURN_IF_ERROR(read_json(json, limits.max_bytes, depth, &reader, "index"));
+    return reader.take_index();
+  } catch (const std::exception& e) {  // allocation failure; nothing else throws
+    return Status(Code::kInternal, std::string("parse_index: ") + e.what());
   }
-  if (!duplicate.empty()) return bad("$", "duplicate object key \"" + duplicate + "\"");
-  if (!doc.is_object()) return bad("$", "expected an object");
+}
 
-  Index index;
-  CKPTIO_ASSIGN_OR_RETURN(const json* format, Reader::field(doc, "$", "format"));
-  if (!format->is_string() || format->get<std::string>() != kIndexFormat)
-    return bad("format", "unknown format " + format->dump() + " (expected \"ckptio\")");
-  CKPTIO_ASSIGN_OR_RETURN(const json* version, Reader::field(doc, "$", "version"));
-  if (!version->is_number_integer() || version->get<int64_t>() != kIndexVersion)
-    return bad("version", "unsupported version " + version->dump() + " (this reader knows " +
-                              std::to_string(kIndexVersion) + ")");
-  CKPTIO_ASSIGN_OR_RETURN(const json* step, Reader::field(doc, "$", "step"));
-  CKPTIO_ASSIGN_OR_RETURN(index.step, Reader::i64(*step, "step"));
-  if (index.step < 0) return bad("step", "negative");
-  CKPTIO_ASSIGN_OR_RETURN(const json* created, Reader::field(doc, "$", "created_unix_ns"));
-  CKPTIO_ASSIGN_OR_RETURN(index.created_unix_ns, Reader::i64(*created, "created_unix_ns"));
-  CKPTIO_ASSIGN_OR_RETURN(const json* committed, Reader::field(doc, "$", "committed_unix_ns"));
-  CKPTIO_ASSIGN_OR_RETURN(index.committed_unix_ns, Reader::i64(*committed, "committed_unix_ns"));
-  CKPTIO_ASSIGN_OR_RETURN(const json* metadata, Reader::field(doc, "$", "metadata"));
-  if (!metadata->is_object()) return bad("metadata", "expected an object");
-  index.metadata_json = metadata->dump();
-
-  CKPTIO_ASSIGN_OR_RETURN(const json* files, Reader::field(doc, "$", "files"));
-  if (!files->is_array()) return bad("files", "expected an array");
-  std::map<std::string, uint64_t> file_sizes;
-  for (size_t i = 0; i < files->size(); ++i) {
-    const std::string at = "files[" + std::to_string(i) + "]";
-    const json& f = (*files)[i];
-    if (!f.is_object()) return bad(at, "expected an object");
-    DataFileRecord rec;
-    CKPTIO_ASSIGN_OR_RETURN(const json* name, Reader::field(f, at, "name"));
-    CKPTIO_ASSIGN_OR_RETURN(rec.name, Reader::str(*name, at + ".name"));
-    if (!is_safe_relative_name(rec.name) || rec.name.find('/') != std::string::npos)
-      return bad(at + ".name", "unsafe data file name");
-    CKPTIO_ASSIGN_OR_RETURN(const json* size, Reader::field(f, at, "size"));
-    CKPTIO_ASSIGN_OR_RETURN(rec.size, Reader::u64(*size, at + ".size"));
-    if (!file_sizes.emplace(rec.name, rec.size).second) return bad(at + ".name", "listed twice");
-    index.files.push_back(std::move(rec));
+std::string serialize_index(const Index& index) {
+  try {
+    return serialize(index);
+  } catch (const std::exception&) {
+    return std::string();  // allocation failure: an empty text no reader accepts
   }
+}
 
-  CKPTIO_ASSIGN_OR_RETURN(const json* prefixes, Reader::field(doc, "$", "prefixes"));
-  if (!prefixes->is_object()) return bad("prefixes", "expected an object");
-  uint64_t leaves_total = 0;
-  for (const auto& [name, leaves] : prefixes->items()) {
-    const std::string at = "prefixes." + name;
-    if (!is_safe_relative_name(name) || name.find('/') != std::string::npos)
-      return bad(at, "unsafe prefix name");
-    if (!leaves.is_array()) return bad(at, "expected an array");
-    PrefixRecord p{name, {}};
-    std::unordered_set<std::string> paths;
-    for (size_t i = 0; i < leaves.size(); ++i) {
-      if (++leaves_total > limits.max_leaves) return bad(at, "more than " + std::to_string(limits.max_leaves) + " leaves");
-      CKPTIO_ASSIGN_OR_RETURN(LeafRecord leaf, parse_leaf(leaves[i], at + "[" + std::to_string(i) + "]", file_sizes, limits));
-      if (!paths.insert(leaf.path).second)
-        return bad(at + "[" + std::to_string(i) + "].path", "duplicate leaf path \"" + leaf.path + "\"");
-      p.leaves.push_back(std::move(leaf));
-    }
-    index.prefixes.push_back(std::move(p));
+Status check_metadata_json(std::string_view json) {
+  try {
+    auto canonical = read_metadata(json);
+    return canonical.ok() ? Status::OK() : invalid_argument(canonical.status().message());
+  } catch (const std::exception& e) {
+    return Status(Code::kInternal, std::string("check_metadata_json: ") + e.what());
   }
-  return index;
 }
 
 }  // namespace ckptio

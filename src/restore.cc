@@ -204,6 +204,8 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
   RestoredState out;
   out.step = the_step;
   out.metadata_json = index.metadata_json;
+  std::map<std::string, const RestoreOptions::Destination*> destinations;
+  for (const auto& d : options.into) destinations[d.prefix + "/" + d.path] = &d;
   std::vector<ShardTask> tasks;
   for (const auto& [prefix, leaf] : selected) {
     Tensor t;
@@ -212,8 +214,17 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
     t.dtype = leaf->dtype;
     t.shape = leaf->shape;
     const size_t item = dtype_size(leaf->dtype);
-    const uint64_t phase = leaf->shards.size() == 1 ? leaf->shards[0].offset % align : 0;
-    t.data = Buffer::allocate(leaf->num_bytes(), std::max<uint64_t>(align, 64), phase);
+    auto dest = destinations.find(leaf_name(prefix, *leaf));
+    if (dest != destinations.end()) {
+      if (dest->second->size != leaf->num_bytes())
+        return invalid_argument("restore destination for " + leaf_name(prefix, *leaf) + " holds " +
+                                std::to_string(dest->second->size) + " bytes, the leaf has " +
+                                std::to_string(leaf->num_bytes()));
+      t.data = Buffer::wrap(dest->second->data, dest->second->size);
+    } else {
+      const uint64_t phase = leaf->shards.size() == 1 ? leaf->shards[0].offset % align : 0;
+      t.data = Buffer::allocate(leaf->num_bytes(), std::max<uint64_t>(align, 64), phase);
+    }
     for (size_t i = 0; i < leaf->shards.size(); ++i) {
       const ShardRecord& rec = leaf->shards[i];
       ShardTask task;
@@ -319,6 +330,9 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
     else if (options.float_dtype && dtype_is_float(leaf.dtype) && leaf.dtype != *options.float_dtype)
       to = options.float_dtype;
     if (!to) continue;
+    if (destinations.count(leaf.prefix + "/" + leaf.path))
+      return invalid_argument("restore destination for " + leaf.prefix + "/" + leaf.path +
+                              " cannot take a cast to " + std::string(dtype_name(*to)));
     uint64_t n = checked_num_bytes(leaf.shape).value_or(0);
     Buffer b = Buffer::allocate(n * dtype_size(*to));
     CKPTIO_RETURN_IF_ERROR(cast_elements(leaf.dtype, *to, leaf.data.data(), b.data(), n));

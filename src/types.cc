@@ -115,3 +115,14 @@ Buffer Buffer::allocate(size_t size, size_t alignment, size_t phase) {
 }
 
 }  // namespace ckptio
+
+namespace ckptio {
+
+Buffer Buffer::wrap(void* data, size_t size) {
+  Buffer b;
+  b.data_ = static_cast<std::byte*>(data);
+  b.size_ = size;
+  return b;
+}
+
+}  // namespace ckptio

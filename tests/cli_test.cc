@@ -266,6 +266,21 @@ TEST_F(CliTest, FlippedByteFailsVerifyAndCheckNamingTheLeaf) {
   EXPECT_EQ(cj["verified"], false);
 }
 
+TEST_F(CliTest, DamagedIndexIsReportedByLsAndVerifyAll) {
+  synth_save(1, "256KiB", 5);
+  synth_save(2, "256KiB", 5);
+  std::ofstream(step_dir(2) + "/" + ckptio::kIndexFileName, std::ios::trunc) << "{garbage";
+  json ls = run_json({"ls", dir_, "--json"});
+  ASSERT_EQ(ls.size(), 2u) << ls.dump();
+  EXPECT_EQ(ls[1]["state"], "damaged");
+  EXPECT_EQ(ls[1]["committed"], false);
+  CliResult all = run({"verify", dir_, "--all"}, 1);
+  EXPECT_NE(all.out.find("step 1: ok"), std::string::npos) << all.out;
+  EXPECT_NE(all.err.find("run-2"), std::string::npos) << all.err;
+  run({"inspect", dir_, "--step", "2"}, 1);
+  run({"synth", "check", dir_, "--step", "1"});
+}
+
 TEST_F(CliTest, GcKeepsTheLastStepAndRemovesDeadAttempts) {
   for (int s = 1; s <= 3; ++s) synth_save(s, "512KiB", 6);
   fs::create_directories(dir_ + "/run-9.tmp-dead");
@@ -319,11 +334,17 @@ TEST_F(CliTest, BenchReportsItsFiguresAndCleansUp) {
 }
 
 TEST_F(CliTest, UsageErrorsExitTwo) {
-  expect_one_error_line(run({"frobnicate"}, 2));
+  CliResult unknown = run({"frobnicate"}, 2);
+  expect_one_error_line(unknown);
+  EXPECT_NE(unknown.err.find("unknown subcommand 'frobnicate'"), std::string::npos) << unknown.err;
   run({}, 2);
   expect_one_error_line(run({"synth", "save", dir_, "--step", "1", "--bytes", "12XB"}, 2));
   expect_one_error_line(run({"synth", "save", dir_, "--step", "1", "--bytes", "-5"}, 2));
   expect_one_error_line(run({"synth", "save", dir_, "--bytes", "1MiB"}, 2));  // no --step
+  expect_one_error_line(run({"synth", "save", dir_, "--step", "-1", "--bytes", "1MiB"}, 2));
+  expect_one_error_line(run({"synth", "save", dir_, "--step", "1", "--bytes", "1MiB",
+                             "--leaves", "0"}, 2));
+  expect_one_error_line(run({"synth"}, 2));
   expect_one_error_line(run({"synth", "save", dir_, "--step", "1", "--bytes", "1MiB",
                              "--staging", "sideways"}, 2));
   expect_one_error_line(run({"bench", "--uri", dir_, "--bytes", "lots"}, 2));

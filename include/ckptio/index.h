@@ -31,6 +31,7 @@ struct ShardRecord {
   uint64_t offset = 0;  // byte offset of the box's C-order bytes in `file`
   uint64_t length = 0;  // == num_elements(box) * dtype_size
   uint32_t crc32c = 0;  // of those `length` bytes (Castagnoli, ISA-L crc32_iscsi)
+  bool operator==(const ShardRecord&) const = default;
 };
 
 struct LeafRecord {
@@ -38,17 +39,20 @@ struct LeafRecord {
   DType dtype = DType::kFloat32;
   Shape shape;
   std::vector<ShardRecord> shards;
-  uint64_t num_bytes() const;  // of the whole leaf
+  uint64_t num_bytes() const;  // of the whole leaf (saturates at UINT64_MAX)
+  bool operator==(const LeafRecord&) const = default;
 };
 
 struct PrefixRecord {
   std::string name;  // "model", "tx", ...
   std::vector<LeafRecord> leaves;
+  bool operator==(const PrefixRecord&) const = default;
 };
 
 struct DataFileRecord {
   std::string name;
   uint64_t size = 0;
+  bool operator==(const DataFileRecord&) const = default;
 };
 
 struct Index {
@@ -58,7 +62,8 @@ struct Index {
   std::string metadata_json = "{}";  // the user's JSON object, serialized
   std::vector<PrefixRecord> prefixes;
   std::vector<DataFileRecord> files;
-  uint64_t total_bytes() const;  // sum of shard lengths
+  uint64_t total_bytes() const;  // sum of shard lengths (saturates at UINT64_MAX)
+  bool operator==(const Index&) const = default;  // metadata_json compared as text
 };
 
 struct IndexLimits {
@@ -70,7 +75,22 @@ struct IndexLimits {
 };
 
 Result<Index> parse_index(std::string_view json, const IndexLimits& limits = {});
+
+// Writes `index` in the version-1 format of docs/format.md. For an index that
+// parse_index accepts back, parse_index(serialize_index(x)) == x provided
+// x.metadata_json is in canonical form (what parse_index produces: compact,
+// key order kept). A precondition violation is never hidden: invalid
+// metadata_json (see check_metadata_json) is written as a JSON string and
+// names that are not valid UTF-8 are written raw, so that parse_index rejects
+// the result and a writer that parses back before committing fails loudly
+// instead of committing a silently altered step.
 std::string serialize_index(const Index& index);
+
+// OK if `json` is acceptable as Index::metadata_json: a JSON object, valid
+// UTF-8, no duplicate keys, nesting that fits inside an index. Otherwise
+// kInvalidArgument naming the problem. Meant for save() to reject bad
+// metadata up front.
+Status check_metadata_json(std::string_view json);
 
 // Checks a data-file or other relative name: non-empty, no "..", no leading
 // '/', no NUL, no backslash, no empty or "." components.

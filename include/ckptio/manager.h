@@ -123,6 +123,17 @@ struct RestoreOptions {
   bool allow_cast = false;            // cast dtype mismatches to `expected`
   std::optional<DType> float_dtype;   // cast float leaves on restore
   bool verify = true;                 // check every shard's crc32c
+  // Restore into existing arrays: a leaf named here lands in the caller's
+  // memory (exactly the leaf's bytes; no cast may apply to it) instead of a
+  // fresh allocation. Memory that was touched before restores faster than
+  // fresh pages, and a destination whose address agrees with the shard's
+  // file offset modulo Storage::read_alignment() takes no bounce copy.
+  struct Destination {
+    std::string prefix, path;
+    void* data = nullptr;
+    uint64_t size = 0;
+  };
+  std::vector<Destination> into;
 };
 
 struct RestoredState {

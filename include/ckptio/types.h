@@ -86,6 +86,9 @@ class Buffer {
   // Allocates `size` bytes whose address is congruent to `phase` modulo
   // `alignment` (a power of two). Contents are uninitialised.
   static Buffer allocate(size_t size, size_t alignment = 64, size_t phase = 0);
+  // A view of caller-owned memory (restore into existing arrays). The
+  // caller keeps it alive as long as the Buffer is used.
+  static Buffer wrap(void* data, size_t size);
   std::byte* data() { return data_; }
   const std::byte* data() const { return data_; }
   size_t size() const { return size_; }

@@ -75,7 +75,7 @@ int run_ls(const GlobalOptions& g, const LsOptions& o) {
 
 void add_ls(CLI::App& app, const GlobalOptions& g, Command* run) {
   auto o = std::make_shared<LsOptions>();
-  auto* sub = app.add_subcommand("ls", "List every step directory, committed or not, with sizes");
+  auto* sub = app.add_subcommand("ls", "List every step directory, committed or not, with sizes (names per --step-format)");
   sub->add_option("URI", o->uri, "Checkpoint location")->required();
   sub->add_flag("--json", o->json,
                 "Print a JSON array of {step, name, committed, state, bytes, path, committed_at}");

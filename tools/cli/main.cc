@@ -78,7 +78,16 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --help-all
-    std::fprintf(stderr, "ckptio: %s (see ckptio --help)\n", e.what());
+    // CLI11 reports "A subcommand is required" for "ckptio frobnicate".
+    const std::vector<std::string> extra = app.remaining();
+    CLI::App* cmd = &app;
+    while (!cmd->get_subcommands().empty()) cmd = cmd->get_subcommands().front();
+    if (!extra.empty() && cmd->get_require_subcommand_min() > 0)
+      std::fprintf(stderr, "ckptio: unknown subcommand '%s%s' (see ckptio %s--help)\n",
+                   cmd == &app ? "" : (cmd->get_name() + " ").c_str(), extra[0].c_str(),
+                   cmd == &app ? "" : (cmd->get_name() + " ").c_str());
+    else
+      std::fprintf(stderr, "ckptio: %s (see ckptio --help)\n", e.what());
     return kExitUsage;
   }
 

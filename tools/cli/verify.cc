@@ -21,10 +21,17 @@ int run_verify(const GlobalOptions& g, const VerifyOptions& o) {
   auto m = open_manager(g, o.uri, Access::kRead);
   std::vector<int64_t> steps;
   if (o.all) {
-    auto all = m->all_steps();
-    if (!all.ok()) fail_status(all.status(), "list steps at " + o.uri);
-    if (all->empty()) fail(kExitNotFound, "no committed step at " + o.uri);
-    steps = *all;
+    // Every final step directory with an index, including those whose index
+    // is damaged (all_steps() would skip them with a warning).
+    auto dirs = m->list_step_dirs();
+    if (!dirs.ok()) fail_status(dirs.status(), "list " + o.uri);
+    for (const StepInfo& d : *dirs) {
+      if (d.name.find(".tmp-") != std::string::npos || d.name.find(".del-") != std::string::npos)
+        continue;
+      if (d.committed || m->read_index(d.step).status().code() != Code::kNotFound)
+        steps.push_back(d.step);
+    }
+    if (steps.empty()) fail(kExitNotFound, "no committed step at " + o.uri);
   } else {
     steps.push_back(resolve_index(*m, o.uri, o.step).step);
   }

@@ -1,0 +1,118 @@
+// Fuzzes the index parser (src/index.cc, contract in docs/format.md).
+//
+// Properties checked on every input:
+//   - parse_index never crashes, hangs, leaks or trips a sanitizer;
+//   - a rejection is Code::kDataLoss with a message free of raw control bytes
+//     (messages quote hostile input and end up in logs);
+//   - an accepted index is what the header promises: every shard's box lies in
+//     its leaf's shape, its length is the box's bytes, its byte range lies in
+//     a listed file, and the non-empty boxes of each leaf cover it exactly
+//     once (checked here by brute force on small leaves, independently of the
+//     parser's pairwise / sort / sweep / grid algorithms);
+//   - an accepted index round-trips: serialize -> parse succeeds, gives an
+//     equal Index, and serializing that gives the same text.
+// Any violation calls abort(), so libFuzzer records the input as a crash.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckptio/index.h"
+
+namespace {
+
+[[noreturn]] void fail(const char* what, const std::string& detail) {
+  std::fprintf(stderr, "index_fuzz: %s: %s\n", what, detail.c_str());
+  std::abort();
+}
+
+// Exact cover by marking every element, for leaves small enough to afford it.
+void check_cover_brute_force(const ckptio::LeafRecord& leaf) {
+  constexpr uint64_t kMaxElements = 1 << 16;
+  const auto n = ckptio::checked_num_bytes(leaf.shape);
+  if (!n || *n > kMaxElements) return;
+  std::vector<uint8_t> hits(*n, 0);
+  const size_t r = leaf.shape.size();
+  for (const auto& s : leaf.shards) {
+    bool empty = false;
+    for (size_t d = 0; d < r; ++d) empty |= s.box.start[d] == s.box.stop[d];
+    if (empty) continue;
+    std::vector<int64_t> idx = s.box.start;
+    for (;;) {
+      uint64_t flat = 0;
+      for (size_t d = 0; d < r; ++d) flat = flat * leaf.shape[d] + idx[d];
+      if (hits[flat]++) fail("accepted overlapping shards", leaf.path);
+      size_t d = r;
+      while (d > 0 && ++idx[d - 1] == s.box.stop[d - 1]) {
+        idx[d - 1] = s.box.start[d - 1];
+        --d;
+      }
+      if (d == 0) break;
+    }
+  }
+  for (uint8_t h : hits)
+    if (!h) fail("accepted shards that leave a hole", leaf.path);
+}
+
+void check_invariants(const ckptio::Index& index) {
+  std::map<std::string, uint64_t> files;
+  for (const auto& f : index.files) {
+    if (!ckptio::is_safe_relative_name(f.name) || f.name.find('/') != std::string::npos)
+      fail("accepted an unsafe data file name", f.name);
+    if (!files.emplace(f.name, f.size).second) fail("accepted a duplicate data file", f.name);
+  }
+  for (const auto& p : index.prefixes) {
+    if (!ckptio::is_safe_relative_name(p.name)) fail("accepted an unsafe prefix name", p.name);
+    for (const auto& leaf : p.leaves) {
+      if (leaf.path.empty()) fail("accepted an empty leaf path", p.name);
+      if (!ckptio::checked_num_bytes(leaf.shape, ckptio::dtype_size(leaf.dtype)))
+        fail("accepted a shape whose bytes overflow", leaf.path);
+      for (const auto& s : leaf.shards) {
+        if (s.box.start.size() != leaf.shape.size() || s.box.stop.size() != leaf.shape.size())
+          fail("accepted a box of the wrong rank", leaf.path);
+        for (size_t d = 0; d < leaf.shape.size(); ++d)
+          if (s.box.start[d] < 0 || s.box.start[d] > s.box.stop[d] || s.box.stop[d] > leaf.shape[d])
+            fail("accepted a box outside the shape", leaf.path);
+        const auto bytes = ckptio::checked_num_bytes(s.box.extent(), ckptio::dtype_size(leaf.dtype));
+        if (!bytes || *bytes != s.length) fail("accepted a length that is not the box's bytes", leaf.path);
+        auto f = files.find(s.file);
+        if (f == files.end()) fail("accepted a shard in an unlisted file", s.file);
+        if (s.offset > f->second || s.length > f->second - s.offset)
+          fail("accepted a shard beyond its file", leaf.path);
+      }
+      check_cover_brute_force(leaf);
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  ckptio::IndexLimits limits;
+  limits.max_bytes = 1 << 20;  // keeps each execution fast; the real limit is 256 MiB
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+
+  auto first = ckptio::parse_index(text, limits);
+  if (!first.ok()) {
+    const ckptio::Status& st = first.status();
+    if (st.code() != ckptio::Code::kDataLoss) fail("rejection is not kDataLoss", st.to_string());
+    if (st.message().empty()) fail("rejection without a message", "");
+    for (char c : st.message())
+      if (static_cast<unsigned char>(c) < 0x20) fail("raw control byte in message", st.message());
+    return 0;
+  }
+  check_invariants(*first);
+
+  // The serialized text may be longer than the input (it is indented), so it
+  // is read back with the default limits, as the manager reads its own.
+  const std::string once = ckptio::serialize_index(*first);
+  auto second = ckptio::parse_index(once);
+  if (!second.ok()) fail("serialized index does not parse", second.status().to_string() + "\n" + once);
+  if (!(*second == *first)) fail("parse(serialize(x)) != x", once);
+  const std::string twice = ckptio::serialize_index(*second);
+  if (twice != once) fail("serialization is not stable", once + "\n---\n" + twice);
+  return 0;
+}

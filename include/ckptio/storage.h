@@ -113,6 +113,11 @@ class Storage {
   // error, naming the key; a read past the end of an object is kDataLoss.
   virtual Status read(std::span<const ReadRequest> requests) = 0;
 
+  // The granularity() every WritableObject of this backend will report (an
+  // object store's part size; 1 or 4096 locally). The core cuts its save
+  // chunks to a multiple of it before it creates the object.
+  virtual uint64_t write_granularity() const { return 1; }
+
   // The alignment at which destination addresses and offsets should agree
   // (modulo this value) for zero-copy reads; 1 when it does not matter.
   virtual uint64_t read_alignment() const { return 1; }

@@ -1,13 +1,23 @@
 // CheckpointManager: the save pipeline, commit, callbacks and retention.
 //
 // save() on the caller's thread: validate, wait for an in-flight slot, cast
-// (if asked), plan the data file, then
-//   copy mode:   copy the state chunk by chunk into pool buffers and hand each
-//                to the worker (blocks only while the pool is full);
+// (if asked), plan the data file and cut it into write ranges (src/staging.h;
+// chunks are a multiple of the backend's write granularity), then
+//   copy mode:   copy the state range by range into pool buffers and hand
+//                each to the worker (blocks only while the pool is full);
 //   borrow mode: nothing more; the worker reads the caller's buffers.
-// The worker thread, one job at a time: take (or fill) each chunk, update the
-// shards' crc32c, queue its write; wait for the writes; finish() (fsync);
-// write the index and commit (src/commit.cc); run the callback; retention.
+// The worker thread, one job at a time, for each range in file order:
+//   staged (copy mode): take the filled buffer, update the shards' crc32c,
+//                queue its write;
+//   staged (borrow):   copy the pieces into a pool buffer and checksum them
+//                while they are hot in cache, queue the write;
+//   direct (borrow):   queue the write straight from the caller's memory
+//                (zero copy: large shards are placed so that their address
+//                and file offset agree modulo 4096, see plan_save), then
+//                checksum those bytes while the device reads them.
+// Then wait for the writes (borrow mode releases the caller's buffers only
+// now: direct writes read them until they complete); finish() (fsync); write
+// the index and commit (src/commit.cc); run the callback; retention.
 #include "ckptio/manager.h"
 
 #include <spdlog/spdlog.h>
@@ -20,6 +30,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <set>
 #include <thread>
 
@@ -44,6 +55,25 @@ int64_t unix_ns_now() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// Copies the shards' pieces of a staged range into `buf` and zero-fills the
+// gaps between them (alignment padding of phase-aligned plans), calling
+// on_piece(shard, copied_bytes, n) after each piece.
+template <typename OnPiece>
+void stage_range(StreamCursor& cursor, const WriteRange& r, std::byte* buf, OnPiece&& on_piece) {
+  uint64_t filled = 0;
+  cursor.range(r.offset, r.length, [&](size_t i, const std::byte* src, uint64_t n, uint64_t at) {
+    if (at > filled) std::memset(buf + filled, 0, at - filled);
+    std::memcpy(buf + at, src, n);
+    on_piece(i, buf + at, n);
+    filled = at + n;
+  });
+  if (r.length > filled) std::memset(buf + filled, 0, r.length - filled);
+}
+
+void stage_range(StreamCursor& cursor, const WriteRange& r, std::byte* buf) {
+  stage_range(cursor, r, buf, [](size_t, const std::byte*, uint64_t) {});
 }
 
 }  // namespace
@@ -101,7 +131,9 @@ struct SaveJob {
   SaveOptions options;
   AttemptPaths paths;
   SavePlan plan;
+  std::vector<WriteRange> ranges;  // the data file's write requests, in order
   uint64_t chunk = 0;
+  uint64_t unit = 1;  // write_unit() of the backend's granularity
   bool copy_mode = true;
   Clock::time_point started;
   int64_t created_unix_ns = 0;
@@ -155,8 +187,13 @@ CheckpointManager::CheckpointManager(std::shared_ptr<Storage> storage, ManagerOp
   impl_->naming = naming.value();
   impl_->owner = this;
   if (options_.max_in_flight < 1) options_.max_in_flight = 1;
+  // Chunks are cut to a multiple of the backend's write granularity (an S3
+  // part) and of 4096 (O_DIRECT, and the staging buffers' alignment), in
+  // both staging modes, before anything is copied.
+  impl_->unit = write_unit(std::max<uint64_t>(storage_->write_granularity(), 1));
+  const uint64_t align = std::lcm<uint64_t>(impl_->unit, 4096);
   uint64_t chunk = options_.chunk_size ? options_.chunk_size : (8ull << 20);
-  chunk = (chunk + 4095) / 4096 * 4096;
+  chunk = std::max<uint64_t>((chunk + align - 1) / align * align, align);
   impl_->chunk = chunk;
   impl_->pool = std::make_unique<BufferPool>(chunk, std::max<uint64_t>(2, options_.staging_budget / chunk));
   impl_->worker = std::thread([this] { impl_->worker_loop(); });
@@ -238,7 +275,13 @@ Result<SaveHandle> CheckpointManager::save(int64_t step, const std::vector<LeafV
       leaf.dtype = *options.float_dtype;
     }
   }
-  job->plan = plan_save(job->leaves);
+  // Borrow mode writes large shards straight from the caller's memory when
+  // the backend takes aligned ranges; their file offsets follow their
+  // addresses modulo 4096 so that the aligned middle of each qualifies.
+  const bool zero_copy = !job->copy_mode;
+  job->unit = impl_->unit;
+  job->plan = plan_save(job->leaves, zero_copy && job->unit > 1 ? 4096 : 0);
+  job->ranges = plan_write_ranges(job->plan, job->chunk, job->unit, zero_copy);
 
   {
     std::lock_guard lock(impl_->mu);
@@ -251,12 +294,10 @@ Result<SaveHandle> CheckpointManager::save(int64_t step, const std::vector<LeafV
     // Copy on the caller's thread; each chunk goes to the worker as soon as
     // it is full. Blocks only while every pool buffer is in use.
     StreamCursor cursor(job->plan);
-    for (uint64_t off = 0; off < job->plan.total && !job->failed.load(); off += job->chunk) {
-      uint64_t len = std::min(job->chunk, job->plan.total - off);
+    for (const WriteRange& r : job->ranges) {
+      if (job->failed.load()) break;
       std::byte* buf = impl_->pool->acquire();
-      cursor.next(len, [&](size_t, const std::byte* src, uint64_t n, uint64_t at) {
-        std::memcpy(buf + at, src, n);
-      });
+      stage_range(cursor, r, buf);
       job->push_ready(buf);
     }
     job->producer_finished();
@@ -289,23 +330,23 @@ Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& 
   if (!created.ok()) {
     job.failed = true;
     drain_ready(job);
+    if (!job.copy_mode) job.handle->set_released();
     return created.status();
   }
   std::unique_ptr<WritableObject> writer = std::move(created).value();
   const uint64_t align = std::max<uint64_t>(writer->alignment(), 1);
   const uint64_t gran = std::max<uint64_t>(writer->granularity(), 1);
-  const uint64_t chunk = (job.chunk + gran - 1) / gran * gran;
-  if (chunk != job.chunk) {
-    // Only object stores with a large part size get here; copy mode chunks
-    // were already cut at job.chunk, so fail loudly rather than mis-write.
-    if (job.copy_mode) {
-      job.failed = true;
-      drain_ready(job);
-      writer->abort();
-      return internal_error("chunk size " + std::to_string(job.chunk) +
-                            " is not a multiple of the backend's write granularity " +
-                            std::to_string(gran));
-    }
+  if (job.unit % gran != 0 || job.chunk % align != 0) {
+    // The ranges were cut for Storage::write_granularity(); a writer that
+    // disagrees with it would get misaligned parts: fail loudly instead.
+    job.failed = true;
+    drain_ready(job);
+    if (!job.copy_mode) job.handle->set_released();
+    writer->abort();
+    return internal_error("write ranges were cut for a granularity of " + std::to_string(job.unit) +
+                          " bytes, but " + storage.describe() + "/" + key + " asks for " +
+                          std::to_string(gran) + " (alignment " + std::to_string(align) +
+                          "): Storage::write_granularity() and the writer disagree");
   }
 
   struct Pending {
@@ -314,49 +355,62 @@ Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& 
     uint64_t count = 0;
     Status first;
   } pending;
-
-  StreamCursor cursor(job.plan);
-  crcs.assign(job.plan.shards.size(), 0);
-  for (uint64_t off = 0; off < job.plan.total; off += chunk) {
-    const uint64_t len = std::min(chunk, job.plan.total - off);
-    std::byte* buf = nullptr;
-    if (job.copy_mode) {
-      buf = job.pop_ready();
-      if (!buf) break;  // producer stopped after a failure
-      cursor.next(len, [&](size_t i, const std::byte*, uint64_t n, uint64_t at) {
-        crcs[i] = crc32c(buf + at, n, crcs[i]);
-      });
-    } else {
-      buf = pool->acquire();
-      cursor.next(len, [&](size_t i, const std::byte* src, uint64_t n, uint64_t at) {
-        std::memcpy(buf + at, src, n);
-        crcs[i] = crc32c(buf + at, n, crcs[i]);
-      });
-    }
-    {
-      std::lock_guard lock(pending.mu);
-      if (!pending.first.ok()) job.failed = true;
-    }
-    if (job.failed) {
-      pool->release(buf);
-      if (!job.copy_mode) break;
-      continue;  // keep draining the caller's chunks so it never blocks
-    }
-    const uint64_t padded = std::min<uint64_t>((len + align - 1) / align * align, chunk);
-    if (padded > len) std::memset(buf + len, 0, padded - len);
+  auto queue_write = [&](uint64_t off, const std::byte* data, uint64_t n, std::byte* pooled) {
     { std::lock_guard lock(pending.mu); ++pending.count; }
-    writer->write_async(off, std::span<const std::byte>(buf, padded), [&, buf](Status st) {
-      pool->release(buf);
+    writer->write_async(off, std::span<const std::byte>(data, n), [&, pooled](Status st) {
+      if (pooled) pool->release(pooled);
       std::lock_guard lock(pending.mu);
       if (!st.ok() && pending.first.ok()) pending.first = st;
       if (--pending.count == 0) pending.cv.notify_all();
     });
+  };
+  auto write_failed = [&] {
+    std::lock_guard lock(pending.mu);
+    return !pending.first.ok();
+  };
+
+  StreamCursor cursor(job.plan);
+  crcs.assign(job.plan.shards.size(), 0);
+  for (const WriteRange& r : job.ranges) {
+    if (write_failed()) job.failed = true;
+    const bool ends_file = r.offset + r.length == job.plan.total;
+    if (r.direct && !(ends_file && r.length % align != 0)) {
+      if (job.failed) break;
+      // Zero copy: the device reads the caller's bytes; checksum them
+      // meanwhile (borrow mode: they do not change until released).
+      queue_write(r.offset, r.direct, r.length, nullptr);
+      crcs[r.shard] = crc32c(r.direct, r.length, crcs[r.shard]);
+      continue;
+    }
+    std::byte* buf = nullptr;
+    if (job.copy_mode) {
+      buf = job.pop_ready();
+      if (!buf) break;  // producer stopped after a failure
+      if (job.failed) {
+        pool->release(buf);
+        continue;  // keep draining the caller's chunks so it never blocks
+      }
+      cursor.range(r.offset, r.length, [&](size_t i, const std::byte*, uint64_t n, uint64_t at) {
+        crcs[i] = crc32c(buf + at, n, crcs[i]);
+      });
+    } else {
+      if (job.failed) break;
+      buf = pool->acquire();
+      // Copy and checksum piece by piece, while each piece is in cache.
+      stage_range(cursor, r, buf, [&](size_t i, const std::byte* p, uint64_t n) {
+        crcs[i] = crc32c(p, n, crcs[i]);
+      });
+    }
+    const uint64_t padded = std::min<uint64_t>((r.length + align - 1) / align * align, pool->chunk());
+    if (padded > r.length) std::memset(buf + r.length, 0, padded - r.length);
+    queue_write(r.offset, buf, padded, buf);
   }
-  if (!job.copy_mode) job.handle->set_released();
   {
     std::unique_lock lock(pending.mu);
     pending.cv.wait(lock, [&] { return pending.count == 0; });
   }
+  // Direct writes read the caller's memory until they complete.
+  if (!job.copy_mode) job.handle->set_released();
   Status st = pending.first;
   if (st.ok() && job.failed) st = internal_error("save stopped early");
   if (!st.ok()) {
@@ -577,6 +631,28 @@ Status CheckpointManager::gc() {
       }
       if (!in_flight) note(storage_->remove(o.key));
     }
+  }
+  // Object stores: multipart uploads never completed nor aborted (a killed
+  // saver) hold storage that list() does not show; abort those of attempts
+  // not in flight here.
+  auto unfinished = storage_->list_unfinished("");
+  if (unfinished.status().code() == Code::kUnimplemented) {
+    spdlog::warn("ckptio: gc cannot list unfinished uploads at {}: {}", storage_->describe(),
+                 unfinished.status().to_string());
+    return first;
+  }
+  if (!unfinished.ok()) {
+    note(unfinished.status());
+    return first;
+  }
+  for (const std::string& key : *unfinished) {
+    bool in_flight = false;
+    {
+      std::lock_guard lock(impl_->mu);
+      for (const auto& a : impl_->attempts_in_flight)
+        if (key.find(a) != std::string::npos) in_flight = true;
+    }
+    if (!in_flight) note(storage_->abort_unfinished(key));
   }
   return first;
 }

@@ -35,7 +35,8 @@ struct SaveJob;
 struct CheckpointManager::Impl {
   CheckpointManager* owner = nullptr;
   StepNaming naming = StepNaming::make("run-{step}").value();
-  uint64_t chunk = 0;
+  uint64_t chunk = 0;  // bytes per write request: a multiple of `unit`
+  uint64_t unit = 1;   // write_unit() of the storage's write granularity
   std::unique_ptr<BufferPool> pool;
   std::thread worker;
 

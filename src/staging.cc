@@ -1,7 +1,9 @@
 #include "src/staging.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <numeric>
 #include <set>
 #include <string>
 #include <utility>
@@ -45,7 +47,7 @@ void BufferPool::release(std::byte* buf) {
   cv_.notify_one();
 }
 
-SavePlan plan_save(const std::vector<LeafView>& leaves) {
+SavePlan plan_save(const std::vector<LeafView>& leaves, uint64_t phase_align) {
   SavePlan plan;
   for (size_t l = 0; l < leaves.size(); ++l) {
     const LeafView& leaf = leaves[l];
@@ -56,12 +58,49 @@ SavePlan plan_save(const std::vector<LeafView>& leaves) {
       p.shard = s;
       p.src = static_cast<const std::byte*>(leaf.shards[s].data);
       p.length = checked_num_bytes(leaf.shards[s].box.extent(), item).value_or(0);
+      if (phase_align > 1 && p.length >= kPhaseAlignMinBytes) {
+        const uint64_t want = reinterpret_cast<uintptr_t>(p.src) & (phase_align - 1);
+        plan.total += (want - plan.total) & (phase_align - 1);
+      }
       p.offset = plan.total;
       plan.total += p.length;
       plan.shards.push_back(p);
     }
   }
   return plan;
+}
+
+uint64_t write_unit(uint64_t granularity) {
+  if (granularity <= 1) return 1;
+  return std::lcm<uint64_t>(granularity, 4096);
+}
+
+std::vector<WriteRange> plan_write_ranges(const SavePlan& plan, uint64_t chunk, uint64_t granularity,
+                                          bool zero_copy) {
+  const uint64_t unit = write_unit(granularity);
+  chunk = std::max<uint64_t>((chunk + unit - 1) / unit * unit, unit);
+  std::vector<WriteRange> out;
+  auto staged = [&](uint64_t from, uint64_t to) {
+    for (uint64_t at = from; at < to; at += chunk) out.push_back({at, std::min(chunk, to - at), nullptr, 0});
+  };
+  uint64_t pos = 0;  // everything before is planned; a multiple of unit
+  for (size_t i = 0; zero_copy && i < plan.shards.size(); ++i) {
+    const PlannedShard& s = plan.shards[i];
+    if (s.length < kMinDirectRunBytes) continue;
+    // Direct I/O reads the caller's bytes in place: the address of every
+    // range start must be 4096-aligned, and ranges start at unit multiples.
+    if (unit > 1 && (reinterpret_cast<uintptr_t>(s.src) - s.offset) % 4096 != 0) continue;
+    const uint64_t end = s.offset + s.length;
+    const uint64_t a = std::max(pos, (s.offset + unit - 1) / unit * unit);
+    const uint64_t b = end / unit * unit;  // a tail would need padding past the caller's bytes
+    if (b <= a || b - a < kMinDirectRunBytes) continue;
+    staged(pos, a);
+    for (uint64_t at = a; at < b; at += chunk)
+      out.push_back({at, std::min(chunk, b - at), s.src + (at - s.offset), i});
+    pos = b;
+  }
+  staged(pos, plan.total);
+  return out;
 }
 
 namespace {

@@ -2,6 +2,7 @@
 // that lays the state's shards out as one byte stream (one data file).
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -44,38 +45,79 @@ struct PlannedShard {
   uint64_t length = 0;
 };
 
-// Shards packed back to back from offset 0, in leaf order.
+// Shards in leaf order at increasing offsets from 0; back to back unless the
+// plan was asked for phase alignment (then gaps of unspecified bytes, which
+// the writer fills with zeros, may lie between them).
 struct SavePlan {
   std::vector<PlannedShard> shards;
   uint64_t total = 0;
 };
 
-SavePlan plan_save(const std::vector<LeafView>& leaves);
+// Shards at least this long get phase alignment (below); smaller ones are
+// packed, so 10,000 tiny leaves add no padding.
+constexpr uint64_t kPhaseAlignMinBytes = 1ull << 20;
 
-// Walks the byte stream of a plan in order, yielding the pieces of shards
-// that fall in successive ranges. Used to fill chunks and to checksum them.
+// With phase_align (a power of two, 4096 for O_DIRECT) each shard of at
+// least kPhaseAlignMinBytes starts at the first offset congruent to its
+// address modulo phase_align: then the aligned middle of the shard can be
+// written straight from the caller's memory (borrow mode's zero copy), at a
+// cost of < phase_align bytes of padding per large shard. 0: packed.
+SavePlan plan_save(const std::vector<LeafView>& leaves, uint64_t phase_align = 0);
+
+// One write request of a save: a byte range of the data file, written either
+// straight from the caller's memory (`direct`, one shard's bytes) or from a
+// staging buffer that the pieces of shards in it are copied into.
+struct WriteRange {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  const std::byte* direct = nullptr;  // zero copy from here; nullptr: staged
+  size_t shard = 0;                   // direct: index into SavePlan::shards
+};
+
+// Direct runs shorter than this are staged: a separate request costs more
+// than copying a few hundred KiB.
+constexpr uint64_t kMinDirectRunBytes = 1ull << 20;
+
+// The least common multiple of the backend's write granularity and 4096 (or
+// 1 when the granularity is 1): what chunk sizes and direct ranges are cut to.
+uint64_t write_unit(uint64_t granularity);
+
+// Cuts [0, plan.total) into write requests of at most `chunk` bytes (a
+// multiple of write_unit(granularity)), in file order. Every offset is a
+// multiple of the unit, and every length too except for the range that ends
+// the data file, which is what the storage seam asks of write_async(). With
+// `zero_copy`, the unit-aligned middle of each shard of at least
+// kMinDirectRunBytes whose address agrees with its offset modulo 4096 (any
+// address when the unit is 1) becomes direct ranges; the rest is staged. A
+// direct range never ends the file unless its length is a unit multiple (it
+// would need padding past the caller's bytes).
+std::vector<WriteRange> plan_write_ranges(const SavePlan& plan, uint64_t chunk, uint64_t granularity,
+                                          bool zero_copy);
+
+// Walks the shards of a plan for successive, increasing byte ranges of the
+// data file, yielding the pieces of shards that fall in each. Used to fill
+// staging buffers and to checksum them.
 class StreamCursor {
  public:
   explicit StreamCursor(const SavePlan& plan) : plan_(plan) {}
-  // Calls fn(shard_index, src, length, offset_in_range) for each piece of
-  // the next `length` bytes of the stream.
+  // Calls fn(shard_index, src, length, offset_in_range) for each piece of a
+  // shard inside [offset, offset + length), in file order. Ranges must come
+  // in increasing order and must not overlap.
   template <typename Fn>
-  void next(uint64_t length, Fn&& fn) {
-    uint64_t done = 0;
-    while (done < length && i_ < plan_.shards.size()) {
-      const PlannedShard& s = plan_.shards[i_];
-      uint64_t n = std::min(s.length - pos_, length - done);
-      if (n > 0) fn(i_, s.src + pos_, n, done);
-      done += n;
-      pos_ += n;
-      if (pos_ == s.length) { ++i_; pos_ = 0; }
+  void range(uint64_t offset, uint64_t length, Fn&& fn) {
+    const uint64_t end = offset + length;
+    while (i_ < plan_.shards.size() && plan_.shards[i_].offset + plan_.shards[i_].length <= offset) ++i_;
+    for (size_t j = i_; j < plan_.shards.size() && plan_.shards[j].offset < end; ++j) {
+      const PlannedShard& s = plan_.shards[j];
+      const uint64_t a = std::max(s.offset, offset);
+      const uint64_t b = std::min(s.offset + s.length, end);
+      if (a < b) fn(j, s.src + (a - s.offset), b - a, a - offset);
     }
   }
 
  private:
   const SavePlan& plan_;
   size_t i_ = 0;
-  uint64_t pos_ = 0;
 };
 
 // Checks the leaves handed to save(): names, dtypes, shapes, and that the

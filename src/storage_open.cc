@@ -2,13 +2,53 @@
 
 #include "backends/local/local_storage.h"
 #include "backends/memory/memory_storage.h"
+#include "backends/s3/s3_config.h"
+#include "backends/s3/s3_storage.h"
 #include "ckptio/storage.h"
 
 namespace ckptio {
 
+namespace {
+
+Result<std::shared_ptr<Storage>> open_s3(const std::string& uri, const StorageOptions::S3& o) {
+  s3::S3ConfigOverrides ov;
+  if (!o.endpoint.empty()) ov.endpoint = o.endpoint;
+  if (!o.region.empty()) ov.region = o.region;
+  if (!o.profile.empty()) ov.profile = o.profile;
+  if (!o.access_key_id.empty() || !o.secret_access_key.empty())
+    ov.creds = s3::Credentials{o.access_key_id, o.secret_access_key, o.session_token};
+  if (o.anonymous) ov.anonymous = true;
+  if (!o.addressing.empty()) {
+    if (o.addressing != "path" && o.addressing != "virtual")
+      return invalid_argument("S3 addressing must be 'path' or 'virtual', got '" + o.addressing + "'");
+    ov.path_style = o.addressing == "path";
+  }
+  if (o.part_size) ov.part_size = o.part_size;
+  if (o.max_connections) ov.max_connections = o.max_connections;
+  if (o.max_attempts || o.retry_base_s > 0 || o.retry_cap_s > 0) {
+    s3::RetryPolicy r;
+    if (o.max_attempts) r.max_attempts = o.max_attempts;
+    if (o.retry_base_s > 0) r.base_seconds = o.retry_base_s;
+    if (o.retry_cap_s > 0) r.cap_seconds = o.retry_cap_s;
+    ov.retry = r;
+  }
+  if (o.timeout_s > 0) ov.request_timeout_s = o.timeout_s;
+  if (!o.payload_signing.empty()) {
+    if (o.payload_signing != "on" && o.payload_signing != "off")
+      return invalid_argument("S3 payload signing must be 'on' or 'off', got '" + o.payload_signing + "'");
+    ov.sign_payloads = o.payload_signing == "on";
+  }
+  CKPTIO_ASSIGN_OR_RETURN(s3::S3Config config, s3::resolve_s3_config(ov));
+  CKPTIO_ASSIGN_OR_RETURN(auto storage, s3::make_s3_storage(uri, config));
+  return std::shared_ptr<Storage>(std::move(storage));
+}
+
+}  // namespace
+
 Result<std::shared_ptr<Storage>> open_storage(const std::string& uri, const StorageOptions& options) {
   if (uri.empty()) return invalid_argument("empty URI");
   if (uri.rfind("mem://", 0) == 0) return memory_storage_named(uri.substr(6));
+  if (uri.rfind("s3://", 0) == 0) return open_s3(uri, options.s3);
   if (uri.rfind("file://", 0) == 0) {
     std::string path = uri.substr(7);
     if (path.empty() || path[0] != '/')
@@ -18,7 +58,7 @@ Result<std::shared_ptr<Storage>> open_storage(const std::string& uri, const Stor
   size_t scheme = uri.find("://");
   if (scheme != std::string::npos)
     return invalid_argument("unsupported URI scheme '" + uri.substr(0, scheme) + "' in '" + uri +
-                            "' (supported: a path, file://, mem://)");
+                            "' (supported: a path, file://, s3://, mem://)");
   return make_local_storage(uri, options);
 }
 

@@ -213,6 +213,9 @@ TEST_F(LocalStorageTest, ChunkedDirectWriteWithPaddedLastChunk) {
     ASSERT_TRUE(w.ok()) << w.status().to_string();
     EXPECT_EQ((*w)->granularity(), 4096u);
     EXPECT_EQ((*w)->alignment(), 4096u);
+    // The storage announces its writers' granularity before any create(),
+    // so the core can cut its chunks to it.
+    EXPECT_EQ(s->write_granularity(), 4096u);
     (*w)->abort();
   }
   ASSERT_TRUE(write_object(*s, "run-1/data.bin", size, kMiB).ok());
@@ -246,6 +249,7 @@ TEST_F(LocalStorageTest, BufferedWriteTakesAnyGranularity) {
   ASSERT_TRUE(w.ok());
   EXPECT_EQ((*w)->granularity(), 1u);
   EXPECT_EQ((*w)->alignment(), 1u);
+  EXPECT_EQ(s->write_granularity(), 1u);
   const uint64_t size = 100003;
   std::vector<std::byte> src(size);
   for (uint64_t i = 0; i < size; ++i) src[i] = pattern(i);
@@ -776,6 +780,7 @@ TEST_F(LocalStorageTest, FileSystemRefusingODirect) {
   auto w = s->create("ram/x.bin", 10);
   ASSERT_TRUE(w.ok()) << w.status().to_string();
   EXPECT_EQ((*w)->granularity(), 1u);  // fell back to buffered
+  EXPECT_EQ(s->write_granularity() % (*w)->granularity(), 0u);  // 4096 still fits it
   (*w)->abort();
   const uint64_t size = 300 * kKiB + 7;
   ASSERT_TRUE(write_object(*s, "ram/x.bin", size, 100 * kKiB + 1).ok());

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "backends/local/local_storage.h"
 #include "backends/memory/memory_storage.h"
 #include "ckptio/ckptio.h"
+#include "src/staging.h"
 
 namespace ckptio {
 namespace {
@@ -477,6 +479,34 @@ TEST_P(ManagerTest, InvalidInputIsRefusedAtOnce) {
   EXPECT_EQ(m->restore(std::nullopt).status().code(), Code::kNotFound);
 }
 
+TEST_P(ManagerTest, BorrowModeWritesLargeShardsStraightFromCallerMemory) {
+  // Leaves large enough for zero-copy ranges, at addresses that are not
+  // 4096-aligned (std::vector), beside small ones; chunks far smaller.
+  std::vector<OwnedLeaf> state;
+  state.push_back(make_leaf("model", "a.small", DType::kFloat32, {1000, 3}, 41));
+  state.push_back(make_leaf("model", "b.large", DType::kBFloat16, {1537, 1031}, 42));  // ~3 MiB
+  state.push_back(make_leaf("model", "c.tiny", DType::kInt8, {7}, 43));
+  state.push_back(make_leaf("tx", "d.large", DType::kFloat32, {1 << 20}, 44));  // 4 MiB
+  state.push_back(make_leaf("tx", "e.last", DType::kUInt8, {(5 << 20) + 3}, 45));
+  auto saved = state;
+  for (StagingMode mode : {StagingMode::kBorrow, StagingMode::kCopy}) {
+    auto m = manager({.staging = mode, .staging_budget = 4 << 20, .chunk_size = 1 << 20});
+    const int64_t step = mode == StagingMode::kBorrow ? 1 : 2;
+    auto h = m->save(step, views(state));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    h->wait_released();
+    // Released: the caller may now change its buffers; the step must hold
+    // what they held at save().
+    for (auto& l : state) std::fill(l.bytes.begin(), l.bytes.end(), std::byte{0x5A});
+    ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+    state = saved;
+    auto r = m->restore(step);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    expect_restored(*r, saved);
+    EXPECT_TRUE(m->verify(step).ok());
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ManagerTest,
                          ::testing::Values(Backend::kMemoryPosix, Backend::kMemoryObject, Backend::kLocal),
                          [](const auto& info) {
@@ -486,6 +516,202 @@ INSTANTIATE_TEST_SUITE_P(Backends, ManagerTest,
                              default: return std::string("Local");
                            }
                          });
+
+
+// ---- Write ranges and the backend's write granularity -------------------------
+
+// Over a memory store, reports a large write granularity (an object store's
+// part size; not a power of two) and checks the seam's contract on every
+// write: offsets and lengths are multiples of it (the range ending the object
+// excepted) and data pointers are 4096-aligned. It also counts writes whose
+// bytes come straight from a registered caller buffer (zero copy).
+class CoarseStorage final : public Storage {
+ public:
+  CoarseStorage(std::shared_ptr<Storage> base, uint64_t granularity)
+      : base_(std::move(base)), gran_(granularity) {}
+
+  struct Log {
+    std::mutex mu;
+    std::vector<std::string> violations;
+    uint64_t writes = 0, direct_writes = 0;
+    std::vector<std::pair<const std::byte*, size_t>> caller;  // registered buffers
+  };
+  Log log;
+
+  StorageCaps caps() const override { return base_->caps(); }
+  std::string describe() const override { return "coarse+" + base_->describe(); }
+  uint64_t write_granularity() const override { return gran_; }
+  uint64_t read_alignment() const override { return base_->read_alignment(); }
+  Result<std::unique_ptr<WritableObject>> create(const std::string& key, uint64_t size_hint) override {
+    auto w = base_->create(key, size_hint);
+    if (!w.ok()) return w.status();
+    return std::unique_ptr<WritableObject>(new Writer(this, std::move(w).value()));
+  }
+  Status put(const std::string& k, std::span<const std::byte> d) override { return base_->put(k, d); }
+  Result<std::string> get(const std::string& k, uint64_t m) override { return base_->get(k, m); }
+  Result<uint64_t> stat(const std::string& k) override { return base_->stat(k); }
+  Status read(std::span<const ReadRequest> r) override { return base_->read(r); }
+  Result<ListResult> list(const std::string& p, bool d) override { return base_->list(p, d); }
+  Status remove(const std::string& k) override { return base_->remove(k); }
+  Status remove_prefix(const std::string& p) override { return base_->remove_prefix(p); }
+  Status rename(const std::string& f, const std::string& t, RenameMode m) override { return base_->rename(f, t, m); }
+  Status sync(const std::string& p) override { return base_->sync(p); }
+
+ private:
+  class Writer final : public WritableObject {
+   public:
+    Writer(CoarseStorage* owner, std::unique_ptr<WritableObject> base) : owner_(owner), base_(std::move(base)) {}
+    uint64_t granularity() const override { return owner_->gran_; }
+    uint64_t alignment() const override { return 1; }
+    void write_async(uint64_t offset, std::span<const std::byte> data, IoDone done) override {
+      {
+        std::lock_guard lock(owner_->log.mu);
+        ++owner_->log.writes;
+        if (offset % owner_->gran_ != 0)
+          owner_->log.violations.push_back("offset " + std::to_string(offset));
+        if (data.size() % owner_->gran_ != 0) short_writes_.push_back(offset + data.size());
+        if (reinterpret_cast<uintptr_t>(data.data()) % 4096 != 0)
+          owner_->log.violations.push_back("unaligned data pointer at offset " + std::to_string(offset));
+        for (const auto& [p, n] : owner_->log.caller)
+          if (data.data() >= p && data.data() < p + n) ++owner_->log.direct_writes;
+      }
+      base_->write_async(offset, data, std::move(done));
+    }
+    Status finish(uint64_t final_size) override {
+      {
+        std::lock_guard lock(owner_->log.mu);
+        // Only the range that ends the object may be short.
+        for (uint64_t end : short_writes_)
+          if (end < final_size)
+            owner_->log.violations.push_back("short range ending at " + std::to_string(end) +
+                                             " before the end " + std::to_string(final_size));
+      }
+      return base_->finish(final_size);
+    }
+    void abort() override { base_->abort(); }
+
+   private:
+    CoarseStorage* owner_;
+    std::unique_ptr<WritableObject> base_;
+    std::vector<uint64_t> short_writes_;
+  };
+
+  std::shared_ptr<Storage> base_;
+  const uint64_t gran_;
+};
+
+TEST(ManagerGranularityTest, ChunksFollowALargeWriteGranularityInBothStagingModes) {
+  constexpr uint64_t kGran = 3 * (4ull << 20);  // 12 MiB: an S3-like part, not a power of two
+  // 4096-aligned leaves (so zero copy is possible) of sizes around the
+  // granularity, with small ones between them.
+  std::vector<std::unique_ptr<std::byte, decltype(&std::free)>> memory;
+  std::vector<OwnedLeaf> want;
+  std::vector<LeafView> leaves;
+  auto add = [&](std::string path, DType dtype, Shape shape, uint64_t seed) {
+    OwnedLeaf l = make_leaf("model", std::move(path), dtype, std::move(shape), seed);
+    const size_t n = std::max<size_t>(l.bytes.size(), 1);
+    auto* p = static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096));
+    std::memcpy(p, l.bytes.data(), l.bytes.size());
+    memory.emplace_back(p, &std::free);
+    leaves.push_back(LeafView::full(l.prefix, l.path, l.dtype, l.shape, p));
+    want.push_back(std::move(l));
+  };
+  add("a.big", DType::kFloat32, {(int64_t)(kGran / 4) * 2 + 999}, 1);  // 2 parts and a bit
+  add("b.small", DType::kInt16, {333}, 2);
+  add("c.big", DType::kUInt8, {(int64_t)kGran * 3}, 3);
+  add("d.scalar", DType::kFloat64, {}, 4);
+  add("e.odd", DType::kUInt8, {(int64_t)kGran + 12345}, 5);
+
+  for (StagingMode mode : {StagingMode::kCopy, StagingMode::kBorrow}) {
+    SCOPED_TRACE(mode == StagingMode::kCopy ? "copy" : "borrow");
+    auto storage = std::make_shared<CoarseStorage>(make_memory_storage(false), kGran);
+    for (size_t i = 0; i < leaves.size(); ++i)
+      storage->log.caller.emplace_back(static_cast<const std::byte*>(leaves[i].shards[0].data),
+                                       want[i].bytes.size());
+    // A chunk far below the granularity, and a pool of two chunks: the
+    // manager must round the chunk up before it cuts or copies anything.
+    ManagerOptions o;
+    o.staging = mode;
+    o.chunk_size = 1 << 20;
+    o.staging_budget = 2 * kGran;
+    auto m = std::make_unique<CheckpointManager>(storage, o);
+    auto h = m->save(1, leaves);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+    {
+      std::lock_guard lock(storage->log.mu);
+      EXPECT_TRUE(storage->log.violations.empty()) << storage->log.violations.front();
+      EXPECT_GE(storage->log.writes, 6u);
+      if (mode == StagingMode::kBorrow) {
+        EXPECT_GT(storage->log.direct_writes, 0u) << "no part was written straight from the caller";
+      } else {
+        EXPECT_EQ(storage->log.direct_writes, 0u);
+      }
+    }
+    auto r = m->restore(1);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    expect_restored(*r, want);
+    EXPECT_TRUE(m->verify(1).ok());
+  }
+}
+
+TEST(WriteRangesTest, CoverTheFileInOrderOnUnitBoundaries) {
+  // Shards at chosen addresses: only the phase of an address matters.
+  alignas(4096) static std::byte arena[64];
+  auto at = [&](uintptr_t phase) { return arena + phase; };  // never dereferenced
+  auto leaf = [](std::string path, uint64_t bytes, const std::byte* p) {
+    return LeafView::full("m", std::move(path), DType::kUInt8, {(int64_t)bytes}, p);
+  };
+  const uint64_t MiB = 1 << 20;
+  std::vector<LeafView> leaves = {
+      leaf("a", 100, at(0)),
+      leaf("b", 3 * MiB + 5, at(16)),  // large, address 16 mod 4096
+      leaf("c", 10, at(0)),
+      leaf("d", 2 * MiB, at(0)),
+      leaf("e", MiB / 2, at(0)),       // too small for a direct run
+      leaf("f", 5 * MiB + 7, at(0)),   // ends the file unaligned
+  };
+  for (uint64_t gran : {uint64_t{1}, uint64_t{4096}, uint64_t{3 * MiB}}) {
+    for (bool zero_copy : {false, true}) {
+      SCOPED_TRACE("granularity " + std::to_string(gran) + (zero_copy ? " zero copy" : " staged"));
+      const uint64_t unit = write_unit(gran);
+      const SavePlan plan = plan_save(leaves, zero_copy && unit > 1 ? 4096 : 0);
+      // Phase alignment: large shards start congruent to their address.
+      if (zero_copy && unit > 1) {
+        EXPECT_EQ(plan.shards[1].offset % 4096, 16u);
+        EXPECT_EQ(plan.shards[3].offset % 4096, 0u);
+        EXPECT_EQ(plan.shards[4].offset, plan.shards[3].offset + 2 * MiB);  // small: packed
+      } else {
+        EXPECT_EQ(plan.shards[1].offset, 100u);
+      }
+      const uint64_t chunk = 1 * MiB;
+      const auto ranges = plan_write_ranges(plan, chunk, gran, zero_copy);
+      uint64_t pos = 0, direct = 0;
+      const uint64_t cut = std::max(unit, (chunk + unit - 1) / unit * unit);
+      for (const WriteRange& r : ranges) {
+        EXPECT_EQ(r.offset, pos);
+        EXPECT_GT(r.length, 0u);
+        EXPECT_LE(r.length, cut);
+        EXPECT_EQ(r.offset % unit, 0u);
+        if (r.offset + r.length != plan.total) EXPECT_EQ(r.length % unit, 0u) << r.offset;
+        if (r.direct) {
+          const PlannedShard& s = plan.shards[r.shard];
+          EXPECT_GE(r.offset, s.offset);
+          EXPECT_LE(r.offset + r.length, s.offset + s.length);
+          EXPECT_EQ(r.direct, s.src + (r.offset - s.offset));
+          if (unit > 1) EXPECT_EQ(reinterpret_cast<uintptr_t>(r.direct) % 4096, 0u);
+          direct += r.length;
+        }
+        pos += r.length;
+      }
+      EXPECT_EQ(pos, plan.total);
+      if (!zero_copy) EXPECT_EQ(direct, 0u);
+      if (zero_copy && gran == 1) EXPECT_EQ(direct, 3 * MiB + 5 + 2 * MiB + 5 * MiB + 7);
+      if (zero_copy && gran == 4096) EXPECT_GE(direct, 9 * MiB);
+      if (zero_copy && gran == 3 * MiB) EXPECT_EQ(direct, 3 * MiB);  // only f holds a whole unit
+    }
+  }
+}
 
 }  // namespace
 }  // namespace ckptio

@@ -72,6 +72,12 @@ class LocalStorage final : public Storage {
   Status read(std::span<const ReadRequest> requests) override {
     return read_files(root_, requests, read_settings_, *ring_, pool_);
   }
+  // What writers report: 4096 for O_DIRECT files. A file system that
+  // refuses O_DIRECT gets buffered writers of granularity 1, which 4096 is a
+  // multiple of, so ranges cut to 4096 suit both.
+  uint64_t write_granularity() const override {
+    return writer_options_.direct != DirectIo::kOff ? 4096 : 1;
+  }
   uint64_t read_alignment() const override {
     return read_settings_.mode == ReadMode::kDirect && writer_options_.direct != DirectIo::kOff ? 4096 : 1;
   }

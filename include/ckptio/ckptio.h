@@ -1,6 +1,7 @@
 // The whole public API of ckptio.
 #pragma once
 
+#include "ckptio/copy.h"
 #include "ckptio/index.h"
 #include "ckptio/manager.h"
 #include "ckptio/status.h"

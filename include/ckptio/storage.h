@@ -24,6 +24,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckptio/status.h"
@@ -136,10 +137,26 @@ class Storage {
     return Status(Code::kUnimplemented, describe() + ": rename is not supported");
   }
 
+  // Object stores: writes begun and never finished or aborted (S3 multipart
+  // uploads) whose key starts with `prefix`, by key. Empty for backends whose
+  // unfinished writes are ordinary objects that list() already shows.
+  virtual Result<std::vector<std::string>> list_unfinished(const std::string& prefix) {
+    (void)prefix;
+    return std::vector<std::string>{};
+  }
+  // Drops every unfinished write of `key` (idempotent).
+  virtual Status abort_unfinished(const std::string& key) { (void)key; return Status::OK(); }
+
   // Makes the entries directly under `prefix` durable (fsync of a directory;
   // "" is the root). A no-op where puts are durable on return.
   virtual Status sync(const std::string& prefix) { (void)prefix; return Status::OK(); }
 };
+
+// The key rules above, for backends to enforce (kInvalidArgument naming the
+// key): relative, no NUL, backslash or "..", no empty or "." components, no
+// trailing '/'. A prefix may be empty or end in '/'.
+Status check_storage_key(std::string_view key);
+Status check_storage_prefix(std::string_view prefix);
 
 // Options for the built-in backends. Zero means "the measured default".
 struct StorageOptions {
@@ -151,10 +168,35 @@ struct StorageOptions {
   std::string read_mode;
   uint64_t request_size = 0;  // bytes per ring request
   uint32_t queue_depth = 0;   // ring entries in flight
+
+  // S3 (s3://bucket/prefix). Empty or zero fields come from the AWS
+  // conventions: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, AWS_REGION /
+  // AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+  // AWS_SESSION_TOKEN, AWS_PROFILE with ~/.aws/credentials and ~/.aws/config
+  // (see docs/s3.md for the precedence).
+  struct S3 {
+    std::string endpoint;     // "http://127.0.0.1:9000"; default AWS
+    std::string region;
+    std::string profile;
+    std::string access_key_id, secret_access_key, session_token;
+    bool anonymous = false;   // send unsigned requests
+    std::string addressing;   // "path" | "virtual" | "" (path for custom endpoints)
+    uint64_t part_size = 0;   // multipart part size (default 16 MiB, min 5 MiB)
+    uint32_t max_connections = 0;  // requests in flight (default 32)
+    int max_attempts = 0;          // per request, first try included (default 10)
+    double retry_base_s = 0;       // full-jitter backoff base (default 0.1 s)
+    double retry_cap_s = 0;        // backoff cap (default 20 s)
+    double timeout_s = 0;          // a transfer stalled this long fails (default 60 s)
+    // "on": sign every body's SHA-256; "off": UNSIGNED-PAYLOAD for data
+    // parts; "": botocore's rule (on over http, off over https, where TLS
+    // protects the bytes). Restore checks every shard's crc32c either way.
+    std::string payload_signing;
+  } s3;
 };
 
 // Opens a backend for a URI: a plain path or file:///path (local disk),
-// mem://NAME (an in-process store shared by name, for tests).
+// s3://bucket[/prefix] (an S3-compatible object store), mem://NAME (an
+// in-process store shared by name, for tests).
 Result<std::shared_ptr<Storage>> open_storage(const std::string& uri,
                                               const StorageOptions& options = {});
 

@@ -43,6 +43,9 @@ struct ConformanceBackend {
   std::function<Result<std::shared_ptr<Storage>>()> make;
 };
 
+// Prints the backend's name (not its bytes) in test names and messages.
+inline void PrintTo(const ConformanceBackend& b, std::ostream* os) { *os << b.name; }
+
 inline std::string conformance_name(const ::testing::TestParamInfo<ConformanceBackend>& info) {
   return info.param.name;
 }

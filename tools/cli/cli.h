@@ -56,6 +56,20 @@ struct GlobalOptions {
   std::string request_size;    // SIZE; "" = the backend default
   uint32_t queue_depth = 0;
   std::string step_format = "run-{step}";
+
+  // S3 (StorageOptions::S3). Empty / zero = the AWS conventions and the
+  // backend's defaults. Credentials are deliberately absent: they come only
+  // from the environment or ~/.aws files, never from the command line, where
+  // other users could read them (ps, /proc, shell history).
+  std::string s3_endpoint;
+  std::string s3_region;
+  std::string s3_profile;
+  std::string s3_part_size;  // SIZE
+  uint32_t s3_max_connections = 0;
+  std::string s3_addressing;  // path | virtual
+  bool s3_anonymous = false;
+  int s3_max_attempts = 0;
+  double s3_timeout_s = 0;
 };
 
 using Command = std::function<int()>;
@@ -68,8 +82,9 @@ std::optional<uint64_t> parse_size(std::string_view text);
 // parse_size or CliError(kExitUsage) naming the option.
 uint64_t size_arg(const std::string& text, const std::string& option);
 
-// A CLI11 check for integers >= 0 with a one-line message.
+// CLI11 checks for numbers >= 0 and > 0 with a one-line message.
 CLI::Validator non_negative();
+CLI::Validator positive();
 
 // ---- Output -----------------------------------------------------------------
 std::string format_bytes(uint64_t bytes);                 // "1.50 GiB"
@@ -98,6 +113,14 @@ enum class Access {
 
 ManagerOptions manager_options(const GlobalOptions& g);
 StorageOptions storage_options(const GlobalOptions& g);
+// Checks a location before opening it: for kRead a local directory must
+// exist (kExitNotFound; open would create it) and be a directory
+// (kExitUsage). Other schemes are checked by the backend when used.
+void check_location(const std::string& uri, Access access);
+// The backend for `uri` (check_location first); an unusable URI or option is
+// kExitUsage, anything else kExitFailed.
+std::shared_ptr<Storage> open_storage_at(const GlobalOptions& g, const std::string& uri,
+                                         Access access);
 std::unique_ptr<CheckpointManager> open_manager(const GlobalOptions& g, const std::string& uri,
                                                 Access access, ManagerOptions options);
 inline std::unique_ptr<CheckpointManager> open_manager(const GlobalOptions& g,
@@ -180,5 +203,6 @@ void add_gc(CLI::App& app, const GlobalOptions& g, Command* run);
 void add_synth(CLI::App& app, const GlobalOptions& g, Command* run);
 void add_demo(CLI::App& app, const GlobalOptions& g, Command* run);
 void add_bench(CLI::App& app, const GlobalOptions& g, Command* run);
+void add_cp(CLI::App& app, const GlobalOptions& g, Command* run);
 
 }  // namespace ckptio::cli

@@ -95,6 +95,22 @@ CLI::Validator non_negative() {
       "NONNEGATIVE");
 }
 
+CLI::Validator positive() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        double d = 0;
+        size_t used = 0;
+        try {
+          d = std::stod(v, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used != v.size() || !(d > 0)) return "must be > 0, got " + v;
+        return "";
+      },
+      "POSITIVE");
+}
+
 // ---- Output -----------------------------------------------------------------
 
 std::string format_bytes(uint64_t bytes) {
@@ -222,11 +238,22 @@ StorageOptions storage_options(const GlobalOptions& g) {
   o.read_mode = g.read_mode;
   if (!g.request_size.empty()) o.request_size = size_arg(g.request_size, "--request-size");
   o.queue_depth = g.queue_depth;
+
+  StorageOptions::S3& s3 = o.s3;
+  s3.endpoint = g.s3_endpoint;
+  s3.region = g.s3_region;
+  s3.profile = g.s3_profile;
+  // The backend checks the range (S3's smallest part is 5 MiB): one rule, one place.
+  if (!g.s3_part_size.empty()) s3.part_size = size_arg(g.s3_part_size, "--s3-part-size");
+  s3.max_connections = g.s3_max_connections;
+  s3.addressing = g.s3_addressing;
+  s3.anonymous = g.s3_anonymous;
+  s3.max_attempts = g.s3_max_attempts;
+  s3.timeout_s = g.s3_timeout_s;
   return o;
 }
 
-std::unique_ptr<CheckpointManager> open_manager(const GlobalOptions& g, const std::string& uri,
-                                                Access access, ManagerOptions options) {
+void check_location(const std::string& uri, Access access) {
   if (uri.empty()) fail(kExitUsage, "empty URI");
   if (auto path = local_path(uri); path && access == Access::kRead) {
     // open() creates a missing root; reading commands must not.
@@ -237,6 +264,22 @@ std::unique_ptr<CheckpointManager> open_manager(const GlobalOptions& g, const st
     }
     if (!S_ISDIR(st.st_mode)) fail(kExitUsage, "not a directory: " + uri);
   }
+}
+
+std::shared_ptr<Storage> open_storage_at(const GlobalOptions& g, const std::string& uri,
+                                         Access access) {
+  check_location(uri, access);
+  auto s = open_storage(uri, storage_options(g));
+  if (!s.ok()) {
+    const int code = s.status().code() == Code::kInvalidArgument ? kExitUsage : kExitFailed;
+    fail_status(s.status(), "open " + uri, code);
+  }
+  return std::move(s).value();
+}
+
+std::unique_ptr<CheckpointManager> open_manager(const GlobalOptions& g, const std::string& uri,
+                                                Access access, ManagerOptions options) {
+  check_location(uri, access);
   auto m = CheckpointManager::open(uri, std::move(options), storage_options(g));
   if (!m.ok()) {
     const int code = m.status().code() == Code::kInvalidArgument ? kExitUsage : kExitFailed;

@@ -12,8 +12,17 @@
 namespace {
 
 constexpr const char* kFooter = R"(
-URIs:   /path or file:///path (local disk, io_uring); mem://NAME (in-process
-        store: empty in every new process, useful for demo and bench only).
+URIs:   /path or file:///path (local disk, io_uring); s3://BUCKET[/PREFIX]
+        (an S3-compatible object store); mem://NAME (in-process store: empty
+        in every new process, useful for demo and bench only).
+S3:     settings not given as --s3-* options follow the AWS conventions:
+        AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, AWS_REGION / AWS_DEFAULT_REGION,
+        AWS_PROFILE with ~/.aws/config and ~/.aws/credentials. Credentials
+        come only from the environment (AWS_ACCESS_KEY_ID,
+        AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) or the ~/.aws files: ckptio
+        never takes a secret on its command line, where other users could
+        read it (ps, /proc, shell history). With no credentials anywhere,
+        requests go unsigned (public buckets, local test servers).
 SIZE:   bytes, or a number with a suffix: K/KiB, M/MiB, G/GiB, T/TiB are powers
         of 1024; KB, MB, GB, TB are powers of 1000; case-insensitive; a fraction
         is allowed ("1.5GiB").
@@ -65,11 +74,42 @@ int main(int argc, char** argv) {
                  "SIZE bound on staging memory per manager (default 1GiB)")
       ->group("Saving");
 
+  auto* s3 = "S3 backend (s3:// URIs; secrets only from the environment or ~/.aws, see below)";
+  app.add_option("--s3-endpoint", g.s3_endpoint,
+                 "http(s)://host[:port] of an S3-compatible server (default: AWS for the region)")
+      ->group(s3);
+  app.add_option("--s3-region", g.s3_region, "Region for signing (default us-east-1)")->group(s3);
+  app.add_option("--s3-profile", g.s3_profile,
+                 "Profile in ~/.aws/config and ~/.aws/credentials (as AWS_PROFILE)")
+      ->group(s3);
+  app.add_option("--s3-part-size", g.s3_part_size,
+                 "SIZE of a multipart part, in [5MiB, 5GiB] (default 16MiB); the unit of every write")
+      ->group(s3);
+  app.add_option("--s3-max-connections", g.s3_max_connections, "Requests in flight (default 32)")
+      ->check(positive())
+      ->group(s3);
+  app.add_option("--s3-addressing", g.s3_addressing,
+                 "path (http://host/bucket/key) or virtual (http://bucket.host/key); default: path "
+                 "for a custom endpoint, virtual for AWS")
+      ->check(CLI::IsMember({"path", "virtual"}))
+      ->group(s3);
+  app.add_flag("--s3-anonymous", g.s3_anonymous, "Send unsigned requests (public buckets)")
+      ->group(s3);
+  app.add_option("--s3-max-attempts", g.s3_max_attempts,
+                 "Tries per request, the first included (default 10)")
+      ->check(positive())
+      ->group(s3);
+  app.add_option("--s3-timeout", g.s3_timeout_s,
+                 "SECONDS a transfer may stall before it fails (default 60)")
+      ->check(positive())
+      ->group(s3);
+
   Command run;
   add_ls(app, g, &run);
   add_inspect(app, g, &run);
   add_verify(app, g, &run);
   add_gc(app, g, &run);
+  add_cp(app, g, &run);
   add_synth(app, g, &run);
   add_demo(app, g, &run);
   add_bench(app, g, &run);

@@ -1,0 +1,344 @@
+// The loop: one thread owns the CURLM handle and every easy handle. Other
+// threads only push into `incoming` (under `mu`) and wake the loop with
+// curl_multi_wakeup(). Requests wait in `delayed` (retry backoff) and `ready`
+// until fewer than max_in_flight are running, so that no request's timeout
+// starts ticking while it queues inside curl for a connection.
+#include "backends/s3/http_client.h"
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
+
+namespace ckptio::s3 {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void global_init() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+std::string trim(std::string_view s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return std::string(s.substr(b, e - b));
+}
+
+}  // namespace
+
+struct Transfer {
+  HttpRequest req;
+  HttpDone done;
+  HttpResponse resp;
+  CURL* easy = nullptr;
+  curl_slist* headers = nullptr;
+  uint64_t body_pos = 0;
+  bool decided = false;  // whether the body goes to the sink is known
+  bool to_sink = false;
+  Clock::time_point not_before;
+};
+
+namespace {
+
+size_t on_header(char* data, size_t size, size_t n, void* p) {
+  auto* t = static_cast<Transfer*>(p);
+  std::string_view line(data, size * n);
+  if (line.rfind("HTTP/", 0) == 0) {  // a new response (e.g. after 100 Continue)
+    t->resp.headers.clear();
+    t->decided = false;
+    return size * n;
+  }
+  size_t colon = line.find(':');
+  if (colon != std::string_view::npos) {
+    std::string name = trim(line.substr(0, colon));
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    t->resp.headers[name] = trim(line.substr(colon + 1));
+  }
+  return size * n;
+}
+
+size_t on_body(char* data, size_t size, size_t n, void* p) {
+  auto* t = static_cast<Transfer*>(p);
+  const size_t len = size * n;
+  if (!t->decided) {
+    long code = 0;
+    curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &code);
+    t->to_sink = t->req.sink != nullptr && code >= 200 && code < 300;
+    t->decided = true;
+  }
+  if (t->to_sink) {
+    if (t->resp.sink_bytes + len > t->req.sink_size) {
+      t->resp.body_too_large = true;
+      return 0;  // CURLE_WRITE_ERROR
+    }
+    std::memcpy(t->req.sink + t->resp.sink_bytes, data, len);
+    t->resp.sink_bytes += len;
+    return len;
+  }
+  // Error bodies (S3 XML) are small whatever the caller expected of a success.
+  long code = 0;
+  curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &code);
+  const uint64_t cap = (code >= 200 && code < 300) ? t->req.max_body : std::max<uint64_t>(t->req.max_body, 1 << 20);
+  if (t->resp.body.size() + len > cap) {
+    t->resp.body_too_large = true;
+    return 0;
+  }
+  t->resp.body.append(data, len);
+  return len;
+}
+
+size_t on_read(char* buf, size_t size, size_t n, void* p) {
+  auto* t = static_cast<Transfer*>(p);
+  const uint64_t left = t->req.body.size() - t->body_pos;
+  const size_t len = static_cast<size_t>(std::min<uint64_t>(left, size * n));
+  std::memcpy(buf, t->req.body.data() + t->body_pos, len);
+  t->body_pos += len;
+  return len;
+}
+
+int on_seek(void* p, curl_off_t offset, int origin) {
+  auto* t = static_cast<Transfer*>(p);
+  if (origin != SEEK_SET || offset < 0 || static_cast<uint64_t>(offset) > t->req.body.size())
+    return CURL_SEEKFUNC_CANTSEEK;
+  t->body_pos = static_cast<uint64_t>(offset);
+  return CURL_SEEKFUNC_OK;
+}
+
+}  // namespace
+
+struct HttpClient::Loop {
+  explicit Loop(const HttpClientOptions& o) : opt(o) {
+    global_init();
+    if (opt.max_in_flight == 0) opt.max_in_flight = 1;
+    multi = curl_multi_init();
+    curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS, static_cast<long>(opt.max_in_flight));
+    curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, static_cast<long>(opt.max_in_flight));
+    thread = std::thread([this] { run(); });
+  }
+
+  ~Loop() {
+    {
+      std::lock_guard lock(mu);
+      stopping = true;
+    }
+    curl_multi_wakeup(multi);
+    thread.join();
+    for (CURL* e : idle) curl_easy_cleanup(e);
+    curl_multi_cleanup(multi);
+  }
+
+  void push(std::unique_ptr<Transfer> t) {
+    {
+      std::lock_guard lock(mu);
+      if (!stopping) {
+        incoming.push_back(std::move(t));
+        t = nullptr;
+      }
+    }
+    if (t) {
+      fail(*t, CURLE_ABORTED_BY_CALLBACK, "HTTP client is shutting down");
+      return;
+    }
+    curl_multi_wakeup(multi);
+  }
+
+  void run() {
+    for (;;) {
+      bool stop = false;
+      {
+        std::lock_guard lock(mu);
+        stop = stopping;
+        for (auto& t : incoming) delayed.emplace(t->not_before, std::move(t));
+        incoming.clear();
+      }
+      if (stop) break;
+      const auto now = Clock::now();
+      while (!delayed.empty() && delayed.begin()->first <= now) {
+        ready.push_back(std::move(delayed.begin()->second));
+        delayed.erase(delayed.begin());
+      }
+      while (running.size() < opt.max_in_flight && !ready.empty()) {
+        start(std::move(ready.front()));
+        ready.pop_front();
+      }
+      int still = 0;
+      curl_multi_perform(multi, &still);
+      int queued = 0;
+      while (CURLMsg* m = curl_multi_info_read(multi, &queued)) {
+        if (m->msg != CURLMSG_DONE) continue;
+        complete(m->easy_handle, m->data.result);
+      }
+      int timeout_ms = 1000;
+      if (!delayed.empty()) {
+        auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(delayed.begin()->first -
+                                                                          Clock::now());
+        timeout_ms = static_cast<int>(std::clamp<int64_t>(wait.count() + 1, 0, timeout_ms));
+      }
+      if (!ready.empty() && running.size() < opt.max_in_flight) timeout_ms = 0;
+      curl_multi_poll(multi, nullptr, 0, timeout_ms, nullptr);
+    }
+    // Shutdown: everything not finished fails.
+    for (auto& [easy, t] : running) {
+      curl_multi_remove_handle(multi, easy);
+      finish(std::move(t), CURLE_ABORTED_BY_CALLBACK, "HTTP client is shutting down");
+    }
+    running.clear();
+    std::vector<std::unique_ptr<Transfer>> rest;
+    for (auto& t : ready) rest.push_back(std::move(t));
+    for (auto& [when, t] : delayed) rest.push_back(std::move(t));
+    {
+      std::lock_guard lock(mu);
+      for (auto& t : incoming) rest.push_back(std::move(t));
+      incoming.clear();
+    }
+    for (auto& t : rest) fail(*t, CURLE_ABORTED_BY_CALLBACK, "HTTP client is shutting down");
+  }
+
+  void start(std::unique_ptr<Transfer> t) {
+    CURL* e = nullptr;
+    if (!idle.empty()) {
+      e = idle.back();
+      idle.pop_back();
+      curl_easy_reset(e);
+    } else {
+      e = curl_easy_init();
+    }
+    if (!e) {
+      fail(*t, CURLE_OUT_OF_MEMORY, "curl_easy_init failed");
+      return;
+    }
+    t->easy = e;
+    const HttpRequest& r = t->req;
+    curl_easy_setopt(e, CURLOPT_URL, r.url.c_str());
+    curl_easy_setopt(e, CURLOPT_PRIVATE, t.get());
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
+    curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(opt.connect_timeout_s * 1000));
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, std::max(1L, static_cast<long>(opt.stall_timeout_s)));
+    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 512L * 1024);
+    curl_easy_setopt(e, CURLOPT_UPLOAD_BUFFERSIZE, 512L * 1024);
+    curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, opt.verify_tls ? 1L : 0L);
+    curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, opt.verify_tls ? 2L : 0L);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, t.get());
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, t.get());
+    curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
+    curl_easy_setopt(e, CURLOPT_READDATA, t.get());
+    curl_easy_setopt(e, CURLOPT_SEEKFUNCTION, on_seek);
+    curl_easy_setopt(e, CURLOPT_SEEKDATA, t.get());
+    const auto size = static_cast<curl_off_t>(r.body.size());
+    if (r.method == "HEAD") {
+      curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+    } else if (r.method == "PUT") {
+      curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
+      curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, size);
+    } else if (r.method == "POST") {
+      curl_easy_setopt(e, CURLOPT_POST, 1L);
+      curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, size);
+    } else if (r.method != "GET") {
+      curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, r.method.c_str());
+    }
+    for (const auto& [k, v] : r.headers)
+      t->headers = curl_slist_append(t->headers, (k + ": " + v).c_str());
+    // No 100-continue round trip before each body; an S3 error arrives
+    // after the body instead, which costs only bandwidth on a failure.
+    t->headers = curl_slist_append(t->headers, "Expect:");
+    if (r.method == "POST" && r.body.empty())
+      t->headers = curl_slist_append(t->headers, "Content-Type:");
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->headers);
+    if (curl_multi_add_handle(multi, e) != CURLM_OK) {
+      idle.push_back(e);
+      fail(*t, CURLE_FAILED_INIT, "curl_multi_add_handle failed");
+      return;
+    }
+    running.emplace(e, std::move(t));
+  }
+
+  void complete(CURL* e, CURLcode code) {
+    auto it = running.find(e);
+    curl_multi_remove_handle(multi, e);
+    if (it == running.end()) return;
+    std::unique_ptr<Transfer> t = std::move(it->second);
+    running.erase(it);
+    long status = 0;
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+    long fresh = 0;
+    curl_easy_getinfo(e, CURLINFO_NUM_CONNECTS, &fresh);
+    connections += static_cast<uint64_t>(fresh);
+    t->resp.status = status;
+    std::string message = code == CURLE_OK ? "" : curl_easy_strerror(code);
+    finish(std::move(t), code, message);
+  }
+
+  // Hands the easy handle back for reuse and runs the callback.
+  void finish(std::unique_ptr<Transfer> t, CURLcode code, const std::string& message) {
+    if (t->easy) idle.push_back(t->easy);
+    t->easy = nullptr;
+    if (t->headers) curl_slist_free_all(t->headers);
+    t->headers = nullptr;
+    fail(*t, code, message);
+  }
+
+  void fail(Transfer& t, CURLcode code, const std::string& message) {
+    t.resp.curl_code = code;
+    t.resp.curl_error = message;
+    ++completed;
+    HttpDone done = std::move(t.done);
+    done(std::move(t.resp));
+  }
+
+  HttpClientOptions opt;
+  CURLM* multi = nullptr;
+  std::thread thread;
+
+  std::mutex mu;  // guards incoming, stopping
+  std::vector<std::unique_ptr<Transfer>> incoming;
+  bool stopping = false;
+
+  // Loop thread only.
+  std::multimap<Clock::time_point, std::unique_ptr<Transfer>> delayed;
+  std::deque<std::unique_ptr<Transfer>> ready;
+  std::map<CURL*, std::unique_ptr<Transfer>> running;
+  std::vector<CURL*> idle;
+
+  std::atomic<uint64_t> completed{0};
+  std::atomic<uint64_t> connections{0};
+};
+
+HttpClient::HttpClient(const HttpClientOptions& options) : loop_(std::make_unique<Loop>(options)) {}
+HttpClient::~HttpClient() = default;
+
+void HttpClient::submit(HttpRequest req, HttpDone done, std::chrono::milliseconds delay) {
+  auto t = std::make_unique<Transfer>();
+  t->req = std::move(req);
+  t->done = std::move(done);
+  t->not_before = Clock::now() + delay;
+  loop_->push(std::move(t));
+}
+
+HttpResponse HttpClient::perform(HttpRequest req) {
+  std::promise<HttpResponse> p;
+  auto f = p.get_future();
+  submit(std::move(req), [&p](HttpResponse r) { p.set_value(std::move(r)); });
+  return f.get();
+}
+
+uint64_t HttpClient::requests_completed() const { return loop_->completed.load(); }
+uint64_t HttpClient::connections_opened() const { return loop_->connections.load(); }
+
+}  // namespace ckptio::s3

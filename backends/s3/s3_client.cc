@@ -1,0 +1,143 @@
+#include "backends/s3/s3_client.h"
+
+#include <curl/curl.h>
+
+#include <future>
+#include <random>
+
+#include "backends/s3/retry.h"
+#include "backends/s3/s3_xml.h"
+#include "backends/s3/sigv4.h"
+
+namespace ckptio::s3 {
+
+namespace {
+
+double uniform01() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+}
+
+HttpClientOptions http_options(const S3Config& c) {
+  HttpClientOptions o;
+  o.max_in_flight = c.max_connections;
+  o.connect_timeout_s = c.connect_timeout_s;
+  o.stall_timeout_s = c.request_timeout_s;
+  return o;
+}
+
+}  // namespace
+
+struct S3Client::Attempt {
+  S3Op op;
+  S3Done done;
+  std::string payload_hash;
+  int attempts = 0;
+};
+
+S3Client::S3Client(S3Config config, std::string bucket)
+    : config_(std::move(config)), bucket_(std::move(bucket)), http_(http_options(config_)) {
+  std::string ep = config_.endpoint;
+  size_t sep = ep.find("://");
+  scheme_ = sep == std::string::npos ? "https" : ep.substr(0, sep);
+  host_ = sep == std::string::npos ? ep : ep.substr(sep + 3);
+  while (!host_.empty() && host_.back() == '/') host_.pop_back();
+}
+
+S3Client::~S3Client() = default;
+
+std::string S3Client::describe(const std::string& key) const {
+  return "s3://" + bucket_ + (key.empty() ? "" : "/" + key);
+}
+
+S3ClientStats S3Client::stats() const { return {requests_.load(), retries_.load()}; }
+
+void S3Client::execute(S3Op op, S3Done done) {
+  auto a = std::make_shared<Attempt>();
+  a->payload_hash = op.sign_payload ? sha256_hex(op.body) : "UNSIGNED-PAYLOAD";
+  a->op = std::move(op);
+  a->done = std::move(done);
+  send(std::move(a), std::chrono::milliseconds(0));
+}
+
+std::pair<Status, HttpResponse> S3Client::execute_sync(S3Op op) {
+  std::promise<std::pair<Status, HttpResponse>> p;
+  auto f = p.get_future();
+  execute(std::move(op), [&p](Status st, HttpResponse r) { p.set_value({std::move(st), std::move(r)}); });
+  return f.get();
+}
+
+void S3Client::send(std::shared_ptr<Attempt> a, std::chrono::milliseconds delay) {
+  const S3Op& op = a->op;
+  SignableRequest sr;
+  sr.method = op.method;
+  std::string path;
+  if (config_.path_style) {
+    sr.host = host_;
+    path = "/" + bucket_ + (op.key.empty() ? "/" : "/" + encode_key_path(op.key));
+  } else {
+    sr.host = bucket_ + "." + host_;
+    path = "/" + encode_key_path(op.key);
+  }
+  sr.path = path;
+  sr.query = op.query;
+  sr.headers = op.headers;
+  sr.payload_hash = a->payload_hash;
+
+  HttpRequest req;
+  req.method = op.method;
+  std::string query = canonical_query(op.query);
+  req.url = scheme_ + "://" + sr.host + path + (query.empty() ? "" : "?" + query);
+  req.headers = op.headers;
+  if (config_.anonymous) {
+    req.headers.emplace_back("x-amz-content-sha256", a->payload_hash);
+  } else {
+    for (auto& h : sign(sr, config_.creds, config_.region, "s3", amz_date_now()))
+      req.headers.push_back(std::move(h));
+  }
+  req.body = op.body;
+  req.sink = op.sink;
+  req.sink_size = op.sink_size;
+  req.max_body = op.max_body;
+  ++a->attempts;
+  ++requests_;
+  http_.submit(std::move(req), [this, a](HttpResponse r) { on_response(a, std::move(r)); }, delay);
+}
+
+void S3Client::on_response(std::shared_ptr<Attempt> a, HttpResponse resp) {
+  const std::string what = a->op.method + " " + describe(a->op.key);
+  Status st;
+  if (resp.curl_code != CURLE_OK) {
+    if (resp.body_too_large) {
+      st = Status(Code::kDataLoss, what + ": response body larger than expected");
+    } else {
+      Code c = retryable_transport(resp.curl_code) ? Code::kUnavailable : Code::kIOError;
+      if (resp.curl_code == CURLE_ABORTED_BY_CALLBACK) c = Code::kCancelled;
+      st = Status(c, what + ": " + resp.curl_error);
+    }
+  } else if (resp.status >= 200 && resp.status < 300) {
+    if (a->op.check) {
+      st = a->op.check(resp);
+      if (!st.ok()) st = st.annotate(what);
+    }
+  } else {
+    std::optional<S3Error> err = parse_error(resp.body);
+    std::string s3code = err ? err->code : "";
+    std::string msg = what + ": HTTP " + std::to_string(resp.status);
+    if (err) msg += " " + err->code + (err->message.empty() ? "" : ": " + err->message);
+    st = Status(code_for_http(resp.status, s3code), msg);
+    if (retryable_http(resp.status, s3code)) st = Status(Code::kUnavailable, msg);
+  }
+  if (!st.ok() && st.retryable() && a->attempts < config_.retry.max_attempts) {
+    ++retries_;
+    double s = backoff_seconds(config_.retry, a->attempts - 1, uniform01());
+    send(std::move(a), std::chrono::milliseconds(static_cast<int64_t>(s * 1000)));
+    return;
+  }
+  if (!st.ok() && a->attempts > 1)
+    st = Status(st.code(), st.message() + " (after " + std::to_string(a->attempts) + " attempts)");
+  S3Done done = std::move(a->done);
+  done(std::move(st), std::move(resp));
+}
+
+}  // namespace ckptio::s3

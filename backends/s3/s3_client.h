@@ -1,0 +1,83 @@
+// One S3 request, signed and retried: the layer between the HTTP loop
+// (http_client.h) and the Storage implementation (s3_storage.h).
+//
+// Every attempt is signed anew (SigV4 dates are part of the signature).
+// Retries follow the one predicate in retry.h, with full-jitter exponential
+// backoff scheduled on the HTTP loop (no thread sleeps). The final error names
+// the operation and key, the HTTP status, the S3 error code and message, and
+// the number of attempts; it never contains credentials.
+//
+// Thread safety: execute() may be called from any thread, including from a
+// completion callback. Callbacks run on the HTTP loop thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/s3/http_client.h"
+#include "backends/s3/s3_config.h"
+#include "ckptio/status.h"
+
+namespace ckptio::s3 {
+
+struct S3Op {
+  std::string method;  // GET, HEAD, PUT, POST, DELETE
+  std::string key;     // object key in the bucket; "" for bucket-level calls
+  std::vector<std::pair<std::string, std::string>> query;    // decoded
+  std::vector<std::pair<std::string, std::string>> headers;  // all signed
+  std::span<const std::byte> body;  // borrowed until the callback runs
+  // true: the body's SHA-256 is signed (the server checks it); false:
+  // UNSIGNED-PAYLOAD (data parts: their crc32c is checked on restore).
+  bool sign_payload = true;
+  std::byte* sink = nullptr;  // see HttpRequest
+  uint64_t sink_size = 0;
+  uint64_t max_body = 64ull << 20;
+  // Judges a 2xx response. A non-OK status fails the attempt; it is retried
+  // when retryable() (e.g. an <Error> inside a 200, a truncated body).
+  std::function<Status(const HttpResponse&)> check;
+};
+
+using S3Done = std::function<void(Status, HttpResponse)>;
+
+struct S3ClientStats {
+  uint64_t requests = 0;  // attempts sent
+  uint64_t retries = 0;
+};
+
+class S3Client {
+ public:
+  S3Client(S3Config config, std::string bucket);
+  ~S3Client();
+
+  void execute(S3Op op, S3Done done);
+  // Blocking form; never call it from a callback.
+  std::pair<Status, HttpResponse> execute_sync(S3Op op);
+
+  const S3Config& config() const { return config_; }
+  const std::string& bucket() const { return bucket_; }
+  // "s3://bucket/key" for messages.
+  std::string describe(const std::string& key) const;
+  S3ClientStats stats() const;
+  uint64_t connections_opened() const { return http_.connections_opened(); }
+
+ private:
+  struct Attempt;
+  void send(std::shared_ptr<Attempt> a, std::chrono::milliseconds delay);
+  void on_response(std::shared_ptr<Attempt> a, HttpResponse resp);
+
+  const S3Config config_;
+  const std::string bucket_;
+  std::string scheme_;  // "http" or "https"
+  std::string host_;    // host[:port] of the endpoint
+  HttpClient http_;
+  std::atomic<uint64_t> requests_{0};
+  std::atomic<uint64_t> retries_{0};
+};
+
+}  // namespace ckptio::s3

@@ -1,0 +1,156 @@
+// Where the S3 backend sends requests and as whom, resolved the way the AWS
+// CLI and SDKs do it, so users' existing environments and ~/.aws files work.
+//
+// Precedence for each setting: explicit override (caller / CLI flag), then the
+// environment, then the profile in ~/.aws/credentials and ~/.aws/config, then
+// defaults. Credentials come whole from one source: an access key from the
+// environment is never paired with a secret from a file.
+//
+// Secrets (secret access keys, session tokens) never appear in any error
+// message or in describe_redacted(); parse errors name files and line numbers,
+// never line contents.
+//
+// Everything here is a pure function of its inputs, except the convenience
+// resolve_s3_config(overrides), which reads the real environment and files.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "backends/s3/retry.h"
+#include "backends/s3/sigv4.h"
+#include "ckptio/status.h"
+
+namespace ckptio::s3 {
+
+// s3://bucket[/prefix[/]]
+struct S3Uri {
+  std::string bucket;
+  std::string prefix;  // "a/b": no leading or trailing '/', "" for the bucket root
+};
+
+// Accepts "s3://bucket", "s3://bucket/", "s3://bucket/a/b" and "s3://bucket/a/b/".
+// The bucket is checked leniently enough for MinIO and Ceph (3-63 characters of
+// letters, digits, '.', '-', '_'; starting and ending with a letter or digit;
+// no ".."), and the server does the final check. Prefix segments must be
+// non-empty ("a//b" is rejected), not "." or "..", and free of NUL, backslash
+// and control characters. Errors are kInvalidArgument naming the URI.
+Result<S3Uri> parse_s3_uri(std::string_view uri);
+
+// Which AWS file a text came from: in the config file profiles are
+// "[profile NAME]" (and "[default]"); in the credentials file they are "[NAME]".
+enum class AwsIniKind { kConfig, kCredentials };
+
+using AwsIni = std::map<std::string, std::map<std::string, std::string>>;
+
+// Parses ~/.aws/config or ~/.aws/credentials text into section -> key -> value.
+//  - "[section]" headers; "key = value" (or "key=value") lines; full-line
+//    comments starting with '#' or ';'; blank lines. Keys are lowercased,
+//    keys and values trimmed; a value is taken verbatim otherwise ('#' inside a
+//    value is not a comment, as in botocore).
+//  - Nested settings: "s3 =" followed by lines indented deeper, each
+//    "name = value", are stored as "s3.name" (e.g. "s3.endpoint_url",
+//    "s3.addressing_style").
+//  - kConfig: "[profile NAME]" and "[default]" are stored as NAME / "default";
+//    other sections with a space in the header ("[sso-session x]",
+//    "[services y]") are stored under their header text; a bare "[NAME]"
+//    other than default is not a profile in the config file and is dropped,
+//    as the AWS CLI ignores it.
+//  - kCredentials: section names are stored as written.
+// Strict and total: any other line, a key outside a section, an empty key or
+// section name, a repeated key within a section or a repeated section, and
+// inputs over 1 MiB are kInvalidArgument errors naming the line number
+// ("line 7: ...").
+Result<AwsIni> parse_aws_ini(std::string_view text, AwsIniKind kind = AwsIniKind::kConfig);
+
+struct S3Config {
+  std::string endpoint;  // scheme://host[:port], no trailing '/'
+  std::string region = "us-east-1";
+  Credentials creds;
+  bool anonymous = false;  // send requests unsigned
+  // Path style: http://host/bucket/key; virtual-hosted: http://bucket.host/key.
+  bool path_style = true;
+  // Sign request bodies with their SHA-256 (x-amz-content-sha256 = hash) rather
+  // than UNSIGNED-PAYLOAD. Resolved as botocore does: true over plain http, where
+  // the hash is the only integrity check the server makes, false over https,
+  // where TLS already protects the bytes and hashing 16 MiB parts costs CPU.
+  bool sign_payloads = true;
+  uint32_t max_connections = 32;
+  uint64_t part_size = 16 << 20;  // multipart part size, in [5 MiB, 5 GiB]
+  RetryPolicy retry;
+  double connect_timeout_s = 10;
+  double request_timeout_s = 60;  // low-speed / stall timeout, not a total deadline
+  // Where creds came from, for logs: "override", "environment", "profile NAME",
+  // or "" when anonymous.
+  std::string credentials_source;
+
+  // One line for logs and `ckptio` output: endpoint, region, addressing,
+  // credential source and the last 4 characters of the access key id, limits.
+  // Never the secret access key or session token.
+  std::string describe_redacted() const;
+};
+
+// Caller / CLI settings; each one set wins over every other source.
+struct S3ConfigOverrides {
+  std::optional<std::string> endpoint;
+  std::optional<std::string> region;
+  std::optional<Credentials> creds;  // access key id and secret both required
+  std::optional<bool> anonymous;
+  std::optional<bool> path_style;
+  std::optional<bool> sign_payloads;
+  std::optional<uint32_t> max_connections;
+  std::optional<uint64_t> part_size;
+  std::optional<RetryPolicy> retry;
+  std::optional<double> connect_timeout_s;
+  std::optional<double> request_timeout_s;
+  std::optional<std::string> profile;  // as AWS_PROFILE; must exist when set
+};
+
+using GetEnv = std::function<std::optional<std::string>(const std::string& name)>;
+// Returns a file's contents, or nullopt when it does not exist or cannot be read.
+using ReadFile = std::function<std::optional<std::string>(const std::string& path)>;
+
+// Resolves the configuration from overrides, the environment and the AWS
+// files, with these sources per setting (first one set wins):
+//   endpoint   override; AWS_ENDPOINT_URL_S3; AWS_ENDPOINT_URL; profile
+//              "s3.endpoint_url"; profile "endpoint_url"; else
+//              https://s3.<region>.amazonaws.com. AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true
+//              skips the environment and profile endpoints.
+//   region     override; AWS_REGION; AWS_DEFAULT_REGION; profile "region"; us-east-1
+//   creds      override; AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN),
+//              skipped when overrides.profile names a profile (as `aws --profile`);
+//              profile aws_access_key_id + aws_secret_access_key (+ aws_session_token),
+//              the credentials file winning over the config file
+//   anonymous  override; AWS_NO_SIGN_REQUEST=true; and, when no credentials are
+//              found anywhere, true (public buckets and local test servers work
+//              without setup; a server that needs credentials answers 403, and
+//              describe_redacted() says "anonymous"). An override of false with
+//              no credentials found is an error.
+//   path_style override; profile "s3.addressing_style" (path | virtual | auto);
+//              true when the endpoint was given explicitly (MinIO, Ceph, moto
+//              have no per-bucket DNS), false for the AWS default endpoint
+//   sign_payloads  override; profile "s3.payload_signing_enabled" (true | false);
+//              else true for http:// endpoints, false for https://
+//   retry.max_attempts  AWS_MAX_ATTEMPTS, profile "max_attempts", if not overridden
+// The profile is the override, else AWS_PROFILE, else "default"; the files are
+// AWS_SHARED_CREDENTIALS_FILE / AWS_CONFIG_FILE, else $HOME/.aws/credentials
+// and $HOME/.aws/config. A missing file is empty; a malformed one is an error
+// naming the file. An explicitly named profile that is in neither file is an
+// error; the implicit "default" may be absent.
+// Validation (kInvalidArgument): endpoint is http(s)://host[:port] with no
+// user info, path, query or fragment (a trailing '/' and a default port,
+// :80 for http and :443 for https, are dropped, as curl drops them from Host); a partial
+// credential pair; part_size outside [5 MiB, 5 GiB]; max_connections 0;
+// max_attempts < 1; negative or non-finite backoff seconds (0 is allowed, for
+// tests); zero, negative or non-finite timeouts; a region outside [A-Za-z0-9._-].
+Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& getenv,
+                                   const ReadFile& read_file);
+
+// The same with the process environment (std::getenv) and the filesystem.
+Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o);
+
+}  // namespace ckptio::s3

@@ -1,0 +1,49 @@
+// The S3-compatible object store backend (AWS S3, MinIO, Ceph RGW; tested on
+// moto_server and s3rver).
+//
+// Keys map to objects "<prefix>/<key>" in the bucket of an s3://bucket/prefix
+// URI. caps(): no rename, so the core commits by writing the index last (see
+// src/commit.cc and docs/format.md).
+//
+// Writes: create() of an object larger than one part starts a multipart
+// upload; each write_async() range (offset a multiple of part_size) becomes
+// one UploadPart per part_size slice, sent in parallel and retried on its own;
+// finish() completes the upload (an <Error> inside its 200 response is an
+// error), and any failure aborts it so no parts are left behind. An object of
+// at most one part is written with a single PutObject when its one range
+// arrives (the range must then cover [0, size_hint)). put() is one PutObject
+// with a signed payload: S3 PUTs are atomic and read-after-write consistent.
+//
+// Reads: read() first HEADs each distinct key (size and ETag), rejects ranges
+// past the end as kDataLoss before any GET, then issues ranged GETs of at
+// most part_size bytes in parallel, each with If-Match on that ETag so a read
+// never mixes two versions of an object, written straight into the caller's
+// buffer at the right offset.
+//
+// Errors name the operation, the s3:// key, the HTTP status and the S3 error
+// code and message; credentials never appear. Thread safety as Storage.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backends/s3/s3_config.h"
+#include "ckptio/storage.h"
+
+namespace ckptio::s3 {
+
+struct S3StorageStats {
+  uint64_t requests = 0;
+  uint64_t retries = 0;
+  uint64_t connections_opened = 0;
+};
+
+class S3Storage : public Storage {
+ public:
+  virtual S3StorageStats s3_stats() const = 0;
+};
+
+// Opens s3://bucket[/prefix] with `config` (see resolve_s3_config()).
+Result<std::shared_ptr<S3Storage>> make_s3_storage(const std::string& uri, const S3Config& config);
+
+}  // namespace ckptio::s3

@@ -1,0 +1,43 @@
+// The storage seam's key rules (include/ckptio/storage.h), shared by the
+// memory and S3 backends; the local backend adds its temporary-file names.
+#include <string>
+#include <string_view>
+
+#include "ckptio/storage.h"
+
+namespace ckptio {
+
+namespace {
+
+Status check_path(std::string_view s, bool is_prefix) {
+  auto bad = [&](const char* why) {
+    std::string printable;
+    for (char c : s) printable += (c == '\0') ? std::string("\\0") : std::string(1, c);
+    return invalid_argument(std::string(is_prefix ? "prefix '" : "key '") + printable + "': " + why);
+  };
+  if (s.empty()) return is_prefix ? Status::OK() : bad("empty");
+  if (s.front() == '/') return bad("must be relative (leading '/')");
+  if (s.find('\0') != std::string_view::npos) return bad("contains NUL");
+  if (s.find('\\') != std::string_view::npos) return bad("contains a backslash");
+  if (s.find("..") != std::string_view::npos) return bad("contains '..'");
+  if (!is_prefix && s.back() == '/') return bad("ends with '/'");
+  size_t start = 0;
+  while (start < s.size()) {
+    size_t end = s.find('/', start);
+    std::string_view part = s.substr(start, end == std::string_view::npos ? end : end - start);
+    if (end != std::string_view::npos || !is_prefix) {
+      if (part.empty()) return bad("has an empty path component");
+      if (part == ".") return bad("has a '.' path component");
+    }
+    if (end == std::string_view::npos) break;
+    start = end + 1;
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status check_storage_key(std::string_view key) { return check_path(key, false); }
+Status check_storage_prefix(std::string_view prefix) { return check_path(prefix, true); }
+
+}  // namespace ckptio

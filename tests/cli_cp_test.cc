@@ -1,0 +1,311 @@
+// End-to-end tests of `ckptio cp` and of the S3 global options: each test
+// runs the binary (CKPTIO_CLI_PATH) on fresh temporary directories and checks
+// its exit code, its output and what it left at both ends.
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ckptio/index.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct CliResult {
+  int code = -1;  // exit status; 128 + signal when killed
+  std::string out;
+  std::string err;
+};
+
+std::string show(const std::vector<std::string>& args, const CliResult& r) {
+  std::string s = "ckptio";
+  for (const auto& a : args) s += " " + a;
+  return s + "\n  exit " + std::to_string(r.code) + "\n  stdout: " + r.out.substr(0, 4000) +
+         "\n  stderr: " + r.err.substr(0, 4000);
+}
+
+CliResult run_cli(const std::vector<std::string>& args) {
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) return {};
+  std::vector<std::string> storage = {CKPTIO_CLI_PATH};
+  storage.insert(storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : storage) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  CliResult r;
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&r.out, &r.err};
+  int open_fds = 2;
+  while (open_fds > 0) {
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buf[65536];
+      const ssize_t n = read(fds[i].fd, buf, sizeof buf);
+      if (n > 0) {
+        sinks[i]->append(buf, static_cast<size_t>(n));
+      } else {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      }
+    }
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+// One line on stderr, "ckptio: ..." (no stack trace, no abort).
+void expect_one_error_line(const CliResult& r) {
+  EXPECT_EQ(r.err.rfind("ckptio: ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+class CliCpTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(CKPTIO_CLI_PATH)) << "the ckptio binary is not built: " << CKPTIO_CLI_PATH;
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/ckptio-cli-cp-test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    root_ = tmpl;
+    a_ = root_ + "/a";
+    b_ = root_ + "/b";
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!root_.empty()) fs::remove_all(root_, ec);
+  }
+
+  CliResult run(const std::vector<std::string>& args, int code = 0) {
+    CliResult r = run_cli(args);
+    EXPECT_EQ(r.code, code) << show(args, r);
+    return r;
+  }
+  json run_json(const std::vector<std::string>& args, int code = 0) {
+    CliResult r = run(args, code);
+    json j = json::parse(r.out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << "not JSON: " << show(args, r);
+    return j;
+  }
+  void synth_save(const std::string& dir, int step, uint64_t seed = 0,
+                  const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"synth", "save", dir, "--step", std::to_string(step),
+                                     "--bytes", "1MiB", "--leaves", "12", "--seed",
+                                     std::to_string(seed)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    run(args);
+  }
+  std::vector<int64_t> committed(const std::string& dir) {
+    json ls = run_json({"ls", dir, "--json"});
+    std::vector<int64_t> steps;
+    for (const json& e : ls) {
+      EXPECT_EQ(e["committed"], true) << "not committed at " << dir << ": " << e.dump();
+      steps.push_back(e["step"].get<int64_t>());
+    }
+    return steps;
+  }
+
+  std::string root_, a_, b_;
+};
+
+TEST_F(CliCpTest, CopiesTheLatestStepAndItChecksBitExact) {
+  synth_save(a_, 1, 1);
+  synth_save(a_, 2, 2);
+  CliResult r = run({"cp", a_, b_});
+  EXPECT_NE(r.out.find("step 2: copied"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("B/s)"), std::string::npos) << r.out;
+  EXPECT_EQ(committed(b_), std::vector<int64_t>{2});
+  run({"verify", b_});
+  run({"synth", "check", b_});
+
+  json j = run_json({"cp", a_, b_, "--step", "1", "--json"});
+  EXPECT_EQ(j["ok"], true);
+  EXPECT_EQ(j["copied"], 1);
+  EXPECT_EQ(j["skipped"], 0);
+  ASSERT_EQ(j["steps"].size(), 1u) << j.dump();
+  EXPECT_EQ(j["steps"][0]["step"], 1);
+  EXPECT_GT(j["steps"][0]["bytes"].get<uint64_t>(), 1000000u);
+  EXPECT_GT(j["steps"][0]["shards"].get<uint64_t>(), 0u);
+  EXPECT_EQ(j["bytes"], j["steps"][0]["bytes"]);
+  for (const char* key : {"seconds", "gbps", "src", "dst"}) EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(committed(b_), (std::vector<int64_t>{1, 2}));
+  run({"synth", "check", b_, "--step", "1"});
+}
+
+TEST_F(CliCpTest, ACommittedStepNeedsOverwrite) {
+  synth_save(a_, 3, 1);
+  run({"cp", a_, b_});
+  CliResult again = run({"cp", a_, b_}, 1);
+  expect_one_error_line(again);
+  EXPECT_NE(again.err.find("--overwrite"), std::string::npos) << again.err;
+  synth_save(a_, 3, 7, {"--overwrite"});
+  run({"cp", a_, b_, "--overwrite"});
+  run({"synth", "check", b_});  // seed 7 now: the metadata travelled with the data
+  json in = run_json({"inspect", b_, "--json"});
+  EXPECT_EQ(in["step"], 3);
+}
+
+TEST_F(CliCpTest, AllSkipsIdenticalStepsAndRefusesConflicts) {
+  for (int s = 1; s <= 3; ++s) synth_save(a_, s, s);
+  run({"cp", a_, b_, "--step", "2"});
+  json j = run_json({"cp", a_, b_, "--all", "--json"});
+  EXPECT_EQ(j["copied"], 2);
+  EXPECT_EQ(j["skipped"], 1);
+  ASSERT_EQ(j["steps"].size(), 3u);
+  EXPECT_EQ(j["steps"][0]["step"], 1);
+  EXPECT_EQ(j["steps"][1]["skipped"], true);
+  EXPECT_EQ(j["steps"][2]["step"], 3);
+  EXPECT_EQ(committed(b_), (std::vector<int64_t>{1, 2, 3}));
+  CliResult text = run({"cp", a_, b_, "--all"});
+  EXPECT_NE(text.out.find("copied 0 steps"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("skipped 3"), std::string::npos) << text.out;
+
+  // A different step 2 at a third place: --all into it copies nothing.
+  const std::string c = root_ + "/c";
+  synth_save(c, 2, 99);
+  CliResult refused = run({"cp", a_, c, "--all"}, 1);
+  expect_one_error_line(refused);
+  EXPECT_NE(refused.err.find("step 2"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("--overwrite"), std::string::npos) << refused.err;
+  EXPECT_EQ(committed(c), std::vector<int64_t>{2});
+  run({"cp", a_, c, "--all", "--overwrite"});
+  EXPECT_EQ(committed(c), (std::vector<int64_t>{1, 2, 3}));
+  for (const char* s : {"1", "2", "3"}) run({"synth", "check", c, "--step", s});
+}
+
+// Finds a data file of a local step and flips a byte in its middle.
+std::string flip_middle_byte(const std::string& step_dir) {
+  for (const auto& e : fs::directory_iterator(step_dir)) {
+    const std::string name = e.path().filename();
+    if (name.rfind("data-", 0) != 0) continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(fs::file_size(e.path()) / 2);
+    f.seekg(at);
+    char ch = 0;
+    f.read(&ch, 1);
+    ch ^= 0x20;
+    f.seekp(at);
+    f.write(&ch, 1);
+    return name;
+  }
+  return "";
+}
+
+TEST_F(CliCpTest, DamageAtTheSourceCommitsNothing) {
+  synth_save(a_, 1, 1);
+  synth_save(b_, 4, 4);  // DST's earlier step must survive
+  const std::string file = flip_middle_byte(a_ + "/run-1");
+  ASSERT_FALSE(file.empty());
+  CliResult r = run({"cp", a_, b_}, 1);
+  expect_one_error_line(r);
+  EXPECT_NE(r.err.find("checksum mismatch"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(file), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" shard "), std::string::npos) << r.err;
+  json ls = run_json({"ls", b_, "--json"});
+  ASSERT_EQ(ls.size(), 1u) << "the failed copy left something: " << ls.dump();
+  EXPECT_EQ(ls[0]["step"], 4);
+  run({"synth", "check", b_});
+  json j = run_json({"cp", a_, b_, "--json"}, 1);
+  EXPECT_EQ(j["ok"], false);
+  EXPECT_NE(j["error"].get<std::string>().find("DataLoss"), std::string::npos) << j.dump();
+}
+
+TEST_F(CliCpTest, StepFormatFileUrisMemoryUrisAndMemoryBound) {
+  synth_save(a_, 5, 5, {"--step-format", "{step}"});
+  run({"--step-format", "{step}", "cp", "file://" + a_, "file://" + b_, "--memory", "4MiB",
+       "--chunk-size", "64KiB"});
+  EXPECT_TRUE(fs::exists(b_ + "/5/" + ckptio::kIndexFileName));
+  run({"synth", "check", b_, "--step-format", "{step}"});
+  // mem:// lives only as long as the process: a copy into it succeeds (and
+  // is gone afterwards); a copy out of a fresh one finds nothing.
+  run({"--step-format", "{step}", "cp", a_, "mem://scratch"});
+  run({"cp", "mem://scratch", b_}, 3);
+}
+
+TEST_F(CliCpTest, UsageErrorsExitTwo) {
+  synth_save(a_, 1);
+  expect_one_error_line(run({"cp", a_}, 2));  // no DST
+  expect_one_error_line(run({"cp", a_, b_, "--step", "1", "--all"}, 2));
+  expect_one_error_line(run({"cp", a_, b_, "--step", "-1"}, 2));
+  expect_one_error_line(run({"cp", a_, b_, "--memory", "lots"}, 2));
+  expect_one_error_line(run({"cp", a_, b_, "--memory", "0"}, 2));
+  // Fewer than two chunks fit: refused before anything is written.
+  expect_one_error_line(run({"cp", a_, b_, "--memory", "8MiB"}, 2));
+  expect_one_error_line(run({"cp", a_, "gopher://x/y"}, 2));
+  expect_one_error_line(run({"--step-format", "nostep", "cp", a_, b_}, 2));
+  expect_one_error_line(run({"--s3-addressing", "sideways", "cp", a_, b_}, 2));
+  expect_one_error_line(run({"--s3-max-connections", "0", "cp", a_, b_}, 2));
+  expect_one_error_line(run({"--s3-max-attempts", "-1", "cp", a_, b_}, 2));
+  expect_one_error_line(run({"--s3-timeout", "0", "cp", a_, b_}, 2));
+  expect_one_error_line(run({"--s3-part-size", "big", "cp", a_, b_}, 2));
+  // Secrets are not options.
+  expect_one_error_line(run({"--s3-secret-access-key", "x", "cp", a_, b_}, 2));
+  expect_one_error_line(run({"--s3-access-key-id", "x", "cp", a_, b_}, 2));
+  EXPECT_TRUE(!fs::exists(b_) || fs::is_empty(b_)) << "a refused copy wrote something";
+}
+
+TEST_F(CliCpTest, MissingThingsExitThree) {
+  const std::string nowhere = root_ + "/does/not/exist";
+  expect_one_error_line(run({"cp", nowhere, b_}, 3));
+  EXPECT_FALSE(fs::exists(b_)) << "cp created DST for a missing SRC";
+  fs::create_directories(a_);
+  expect_one_error_line(run({"cp", a_, b_}, 3));          // no committed step
+  expect_one_error_line(run({"cp", a_, b_, "--all"}, 3));
+  synth_save(a_, 1);
+  expect_one_error_line(run({"cp", a_, b_, "--step", "9"}, 3));
+}
+
+TEST_F(CliCpTest, HelpNamesTheS3OptionsAndWhereSecretsComeFrom) {
+  CliResult r = run({"--help"});
+  for (const char* s : {"cp", "--s3-endpoint", "--s3-region", "--s3-profile", "--s3-part-size",
+                        "--s3-max-connections", "--s3-addressing", "--s3-anonymous",
+                        "--s3-max-attempts", "--s3-timeout", "AWS_SECRET_ACCESS_KEY", "s3://"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << " not in --help";
+  EXPECT_NE(r.out.find("never takes a secret on its command line"), std::string::npos) << r.out;
+  CliResult cp = run({"cp", "--help"});
+  for (const char* s : {"SRC", "DST", "--step", "--all", "--overwrite", "--memory", "--json"})
+    EXPECT_NE(cp.out.find(s), std::string::npos) << s << " not in cp --help";
+}
+
+// ---- S3 ---------------------------------------------------------------------------
+// TODO(s3): once backends/s3 builds, add (skipping with a clear message when
+// tests/s3/s3-server cannot start a server):
+//   - cp local -> s3://bucket/prefix -> another local directory, then
+//     `synth check` there (bit-exact), with --s3-endpoint, --s3-part-size 5MiB
+//     and a state of ~3 parts plus a tail;
+//   - cp s3 -> s3 --all (two prefixes of one bucket), skip-identical on rerun;
+//   - damage at the S3 source: exit 1, `ls` of the destination unchanged;
+//   - every existing command against the s3:// URI: ls, inspect, verify, gc,
+//     synth save/check, demo (bench: see the report for what it still needs);
+//   - cli_test.cc's UsageErrorsExitTwo expects `ls s3://bucket/prefix` to exit
+//     2, which no longer holds once s3:// is a real scheme.
+
+}  // namespace

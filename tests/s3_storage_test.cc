@@ -1,0 +1,306 @@
+// The S3 backend against real S3-compatible servers on loopback (moto_server
+// and s3rver, started by ctest fixtures: tests/s3/README.md): the backend
+// conformance suite, multipart details, ranged reads, and the manager end to
+// end (save, commit, discover, restore, retention, gc) over both servers.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/s3/s3_storage.h"
+#include "ckptio/ckptio.h"
+#include "testutil/conformance.h"
+#include "testutil/s3_server.h"
+
+namespace ckptio {
+namespace {
+
+using testutil::ConformanceBackend;
+
+constexpr uint64_t kPart = 5ull << 20;  // S3's minimum: keeps multipart tests small
+
+s3::S3Config test_config(const testutil::S3TestServer& srv) {
+  s3::S3Config c;
+  c.endpoint = srv.endpoint;
+  c.region = srv.region;
+  c.creds = {srv.access_key, srv.secret_key, ""};
+  c.path_style = true;
+  c.part_size = kPart;
+  c.max_connections = 16;
+  c.retry.base_seconds = 0.02;
+  c.retry.cap_seconds = 0.5;
+  c.retry.max_attempts = 5;
+  c.request_timeout_s = 20;
+  return c;
+}
+
+// A fresh store under a prefix of its own; kUnimplemented (skip) when no
+// server is configured outside CI, another error (fail) when one should be.
+Result<std::shared_ptr<s3::S3Storage>> open_test_store() {
+  auto look = testutil::lookup_s3_test_server();
+  if (!look.server)
+    return Status(look.must_fail ? Code::kFailedPrecondition : Code::kUnimplemented, look.why);
+  std::string prefix = testutil::s3_test_prefix();
+  prefix.pop_back();  // no trailing '/'
+  return s3::make_s3_storage("s3://" + look.server->bucket + "/" + prefix, test_config(*look.server));
+}
+
+Result<std::shared_ptr<Storage>> open_test_storage() {
+  CKPTIO_ASSIGN_OR_RETURN(auto s, open_test_store());
+  return std::shared_ptr<Storage>(std::move(s));
+}
+
+}  // namespace
+
+namespace testutil {
+INSTANTIATE_TEST_SUITE_P(S3Moto, StorageConformanceTest,
+                         ::testing::Values(ConformanceBackend{"Moto", open_test_storage}),
+                         conformance_name);
+INSTANTIATE_TEST_SUITE_P(S3S3rver, StorageConformanceTest,
+                         ::testing::Values(ConformanceBackend{"S3rver", open_test_storage}),
+                         conformance_name);
+}  // namespace testutil
+
+namespace {
+
+std::vector<std::byte> random_bytes(size_t n, uint64_t seed) {
+  std::vector<std::byte> v(n);
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t x = rng();
+    std::memcpy(&v[i], &x, std::min<size_t>(8, n - i));
+  }
+  return v;
+}
+
+class S3Test : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    CKPTIO_REQUIRE_S3_SERVER(srv);
+    server_ = srv;
+    auto s = open_test_store();
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    store_ = std::move(s).value();
+  }
+  std::shared_ptr<s3::S3Storage> store_;
+  testutil::S3TestServer server_;
+};
+
+// 2.5 parts: the upload has 3 parts, the last one short; written out of
+// order in two ranges, as the manager's chunks may land.
+TEST_P(S3Test, MultipartUploadRoundTripsAndRangesRead) {
+  const uint64_t n = kPart * 2 + kPart / 2;
+  auto data = random_bytes(n, 7);
+  auto w = store_->create("run-1/data-x-0.bin", n);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_EQ((*w)->granularity(), kPart);
+  std::atomic<int> done{0};
+  Status first;
+  std::mutex mu;
+  auto cb = [&](Status st) {
+    std::lock_guard lock(mu);
+    if (!st.ok() && first.ok()) first = st;
+    ++done;
+  };
+  (*w)->write_async(2 * kPart, std::span<const std::byte>(data.data() + 2 * kPart, n - 2 * kPart), cb);
+  (*w)->write_async(0, std::span<const std::byte>(data.data(), 2 * kPart), cb);
+  ASSERT_TRUE((*w)->finish(n).ok());
+  EXPECT_EQ(done.load(), 2);
+  EXPECT_TRUE(first.ok()) << first.to_string();
+
+  auto size = store_->stat("run-1/data-x-0.bin");
+  ASSERT_TRUE(size.ok()) << size.status().to_string();
+  EXPECT_EQ(*size, n);
+  // Reads spanning part boundaries, and one larger than a GET piece.
+  std::vector<std::byte> a(1000), b(kPart + 12345), c(n);
+  std::vector<ReadRequest> reqs = {
+      {"run-1/data-x-0.bin", kPart - 500, a.size(), a.data()},
+      {"run-1/data-x-0.bin", 3, b.size(), b.data()},
+      {"run-1/data-x-0.bin", 0, c.size(), c.data()},
+  };
+  Status st = store_->read(reqs);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(std::memcmp(a.data(), data.data() + kPart - 500, a.size()), 0);
+  EXPECT_EQ(std::memcmp(b.data(), data.data() + 3, b.size()), 0);
+  EXPECT_EQ(c, data);
+}
+
+TEST_P(S3Test, ReadPastTheEndIsDataLossBeforeAnyGet) {
+  std::string body = "0123456789";
+  ASSERT_TRUE(store_->put("obj", std::as_bytes(std::span(body))).ok());
+  std::vector<std::byte> buf(20);
+  ReadRequest r{"obj", 5, 10, buf.data()};
+  Status st = store_->read(std::span(&r, 1));
+  EXPECT_EQ(st.code(), Code::kDataLoss) << st.to_string();
+  EXPECT_NE(st.message().find("obj"), std::string::npos) << st.to_string();
+  ReadRequest missing{"nope", 0, 1, buf.data()};
+  EXPECT_EQ(store_->read(std::span(&missing, 1)).code(), Code::kNotFound);
+}
+
+TEST_P(S3Test, GetRefusesObjectsAboveTheLimit) {
+  std::string body(1000, 'x');
+  ASSERT_TRUE(store_->put("big", std::as_bytes(std::span(body))).ok());
+  auto got = store_->get("big", 999);
+  EXPECT_EQ(got.status().code(), Code::kInvalidArgument) << got.status().to_string();
+  auto ok = store_->get("big", 1000);
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ(*ok, body);
+}
+
+TEST_P(S3Test, AbortedWriteLeavesNoObject) {
+  const uint64_t n = kPart * 2;
+  auto data = random_bytes(n, 3);
+  auto w = store_->create("run-2/data-y-0.bin", n);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  std::atomic<int> done{0};
+  (*w)->write_async(0, std::span<const std::byte>(data.data(), kPart), [&](Status) { ++done; });
+  (*w)->abort();
+  EXPECT_EQ(done.load(), 1);
+  EXPECT_EQ(store_->stat("run-2/data-y-0.bin").status().code(), Code::kNotFound);
+}
+
+TEST_P(S3Test, FinishRefusesHoles) {
+  const uint64_t n = kPart * 3;
+  auto data = random_bytes(n, 4);
+  auto w = store_->create("run-3/data-z-0.bin", n);
+  ASSERT_TRUE(w.ok());
+  (*w)->write_async(0, std::span<const std::byte>(data.data(), kPart), [](Status) {});
+  (*w)->write_async(2 * kPart, std::span<const std::byte>(data.data() + 2 * kPart, kPart), [](Status) {});
+  Status st = (*w)->finish(n);
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(store_->stat("run-3/data-z-0.bin").status().code(), Code::kNotFound);
+}
+
+// The manager end to end: two steps (one multipart, one small), discovery,
+// restore of the latest and of an older one, retention and gc.
+TEST_P(S3Test, ManagerSavesCommitsAndRestores) {
+  ManagerOptions mo;
+  mo.staging = StagingMode::kCopy;
+  mo.chunk_size = kPart;
+  std::atomic<int> callbacks{0};
+  mo.on_commit = [&](const CommitEvent& e) {
+    EXPECT_TRUE(e.status.ok()) << e.status.to_string();
+    ++callbacks;
+  };
+  CheckpointManager m(store_, mo);
+
+  auto big = random_bytes(3 * kPart + 777 * 4, 11);
+  auto small = random_bytes(64 * 4, 12);
+  int32_t count = 41;
+  std::vector<LeafView> s1 = {
+      LeafView::full("model", "params.w", DType::kFloat32, {static_cast<int64_t>(big.size() / 4)}, big.data()),
+      LeafView::full("tx", "opt_state.count", DType::kInt32, {}, &count),
+  };
+  auto h1 = m.save(1, s1, {.metadata_json = R"({"data_pos": 1})"});
+  ASSERT_TRUE(h1.ok()) << h1.status().to_string();
+  ASSERT_TRUE(h1->wait().ok()) << h1->wait().to_string();
+  count = 42;
+  std::vector<LeafView> s2 = {
+      LeafView::full("model", "params.w", DType::kFloat32, {64}, small.data()),
+      LeafView::full("tx", "opt_state.count", DType::kInt32, {}, &count),
+  };
+  ASSERT_TRUE(m.save(2, s2).ok());
+  ASSERT_TRUE(m.wait_until_finished().ok());
+  EXPECT_EQ(callbacks.load(), 2);
+
+  auto steps = m.all_steps();
+  ASSERT_TRUE(steps.ok()) << steps.status().to_string();
+  EXPECT_EQ(*steps, (std::vector<int64_t>{1, 2}));
+  auto latest = m.restore(std::nullopt);
+  ASSERT_TRUE(latest.ok()) << latest.status().to_string();
+  ASSERT_EQ(latest->leaves.size(), 2u);
+  EXPECT_EQ(std::memcmp(latest->leaves[0].data.data(), small.data(), small.size()), 0);
+  auto one = m.restore(1);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  ASSERT_EQ(one->leaves[0].data.size(), big.size());
+  EXPECT_EQ(std::memcmp(one->leaves[0].data.data(), big.data(), big.size()), 0);
+  int32_t restored_count = 0;
+  std::memcpy(&restored_count, one->leaves[1].data.data(), 4);
+  EXPECT_EQ(restored_count, 41);
+  EXPECT_TRUE(m.verify(1).ok());
+
+  // A committed step is not overwritten by accident.
+  EXPECT_EQ(m.save(2, s2).status().code(), Code::kAlreadyExists);
+
+  ASSERT_TRUE(m.apply_retention(1, 0).ok());
+  steps = m.all_steps();
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ(*steps, (std::vector<int64_t>{2}));
+  auto left = store_->list("run-1/", false);
+  ASSERT_TRUE(left.ok());
+  EXPECT_TRUE(left->objects.empty());
+}
+
+// A save whose data never committed (no index) is invisible, and gc removes
+// its objects and aborts its unfinished multipart upload where the server
+// supports listing them.
+TEST_P(S3Test, DeadAttemptIsInvisibleAndGcCleansIt) {
+  auto data = random_bytes(2 * kPart, 5);
+  auto w = store_->create("run-9/data-0123456789abcdef-0.bin", 2 * kPart);
+  ASSERT_TRUE(w.ok());
+  (*w)->write_async(0, std::span<const std::byte>(data.data(), kPart), [](Status) {});
+  w->release();  // the process "dies": neither finish nor abort runs
+  std::string orphan = "orphan";
+  ASSERT_TRUE(store_->put("run-8/data-fedcba9876543210-0.bin", std::as_bytes(std::span(orphan))).ok());
+
+  CheckpointManager m(store_, ManagerOptions{});
+  auto steps = m.all_steps();
+  ASSERT_TRUE(steps.ok()) << steps.status().to_string();
+  EXPECT_TRUE(steps->empty());
+  auto latest = m.latest_step();
+  ASSERT_TRUE(latest.ok());
+  EXPECT_FALSE(latest->has_value());
+
+  Status st = m.gc();
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  auto uploads = store_->list_unfinished("");
+  if (uploads.status().code() != Code::kUnimplemented) {  // s3rver cannot list them
+    ASSERT_TRUE(uploads.ok()) << uploads.status().to_string();
+    EXPECT_TRUE(uploads->empty());
+  }
+  auto left = store_->list("", false);
+  ASSERT_TRUE(left.ok());
+  EXPECT_TRUE(left->objects.empty()) << left->objects.size() << " objects left, first " << left->objects[0].key;
+}
+
+TEST_P(S3Test, StatsCountRequests) {
+  std::string body = "x";
+  ASSERT_TRUE(store_->put("a", std::as_bytes(std::span(body))).ok());
+  auto s = store_->s3_stats();
+  EXPECT_GE(s.requests, 1u);
+  EXPECT_GE(s.connections_opened, 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(S3Moto, S3Test, ::testing::Values("Moto"));
+INSTANTIATE_TEST_SUITE_P(S3S3rver, S3Test, ::testing::Values("S3rver"));
+
+// moto with SigV4 checks: a wrong secret is refused as a permission error
+// that names the key and never echoes the secret.
+TEST(S3MotoSigV4Auth, WrongSecretIsPermissionDenied) {
+  CKPTIO_REQUIRE_S3_SERVER(srv);
+  ASSERT_TRUE(srv.checks_sigv4) << "this test needs the moto_sigv4 fixture";
+  s3::S3Config good = test_config(srv);
+  auto ok = s3::make_s3_storage("s3://" + srv.bucket + "/sigv4", good);
+  ASSERT_TRUE(ok.ok());
+  std::string body = "signed";
+  Status put = (*ok)->put("plain-key.txt", std::as_bytes(std::span(body)));
+  ASSERT_TRUE(put.ok()) << put.to_string();
+  auto got = (*ok)->get("plain-key.txt", 100);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(*got, body);
+
+  s3::S3Config bad = good;
+  bad.creds.secret_access_key = "not-the-secret-XYZZY";
+  auto store = s3::make_s3_storage("s3://" + srv.bucket + "/sigv4", bad);
+  ASSERT_TRUE(store.ok());
+  Status st = (*store)->put("plain-key.txt", std::as_bytes(std::span(body)));
+  EXPECT_EQ(st.code(), Code::kPermissionDenied) << st.to_string();
+  EXPECT_NE(st.message().find("plain-key.txt"), std::string::npos) << st.to_string();
+  EXPECT_EQ(st.message().find("XYZZY"), std::string::npos) << st.to_string();
+}
+
+}  // namespace
+}  // namespace ckptio

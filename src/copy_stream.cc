@@ -150,8 +150,43 @@ struct Chunk {
   std::byte* buf = nullptr;
 };
 
+// Walks the files' chunks in order without materializing them (an index may
+// declare files of any size; memory must not follow).
+class ChunkCursor {
+ public:
+  ChunkCursor(const std::vector<DataFileRecord>& files, uint64_t chunk) : files_(files), chunk_(chunk) {
+    for (const DataFileRecord& f : files)
+      if (__builtin_add_overflow(remaining_, f.size / chunk + (f.size % chunk != 0), &remaining_))
+        remaining_ = UINT64_MAX;  // reading fails long before this matters
+    skip_empty();
+  }
+  bool done() const { return file_ == files_.size(); }
+  uint64_t remaining() const { return remaining_; }  // chunks, saturating
+  Chunk next() {
+    Chunk c{file_, at_, std::min(chunk_, files_[file_].size - at_)};
+    at_ += c.length;
+    --remaining_;
+    if (at_ == files_[file_].size) {
+      ++file_;
+      at_ = 0;
+      skip_empty();
+    }
+    return c;
+  }
+
+ private:
+  void skip_empty() {
+    while (file_ < files_.size() && files_[file_].size == 0) ++file_;
+  }
+  const std::vector<DataFileRecord>& files_;
+  const uint64_t chunk_;
+  size_t file_ = 0;
+  uint64_t at_ = 0;
+  uint64_t remaining_ = 0;
+};
+
 struct Batch {
-  size_t begin = 0, end = 0;  // chunk indexes
+  std::vector<Chunk> chunks;
   std::future<Status> read;
 };
 
@@ -170,8 +205,8 @@ struct Pending {
   void done(Status st, uint64_t bytes) {
     {
       std::lock_guard lock(mu);
-      if (!st.ok() && first.ok()) first = std::move(st);
       if (st.ok()) bytes_done += bytes;
+      else if (first.ok()) first = std::move(st);
       --count;
     }
     cv.notify_all();
@@ -247,14 +282,11 @@ Result<StreamResult> stream_data_files(Storage& src, Storage& dst, const Index& 
                      plan.what + " at " + src.describe() + "/" + plan.src_keys[file]);
   };
 
-  std::vector<Chunk> chunks;
-  for (size_t f = 0; f < nfiles; ++f)
-    for (uint64_t at = 0; at < index.files[f].size; at += plan.chunk)
-      chunks.push_back(Chunk{f, at, std::min(plan.chunk, index.files[f].size - at)});
+  ChunkCursor cursor(index.files, plan.chunk);
   // A quarter of the buffers per read batch: two batches reading, the rest
   // (at least half) carrying writes.
-  const size_t per_batch = static_cast<size_t>(std::max<uint64_t>(1, nbuf / 4));
-  const size_t capacity = static_cast<size_t>(std::min<uint64_t>(nbuf, std::max<size_t>(chunks.size(), 1)));
+  const uint64_t per_batch = std::max<uint64_t>(1, nbuf / 4);
+  const size_t capacity = static_cast<size_t>(std::min(nbuf, std::max<uint64_t>(cursor.remaining(), 1)));
   ChunkBuffers buffers(plan.chunk, capacity);
   Pending pending;
   std::vector<OutFile> out(nfiles);
@@ -308,24 +340,22 @@ Result<StreamResult> stream_data_files(Storage& src, Storage& dst, const Index& 
   };
 
   std::deque<Batch> reading;
-  size_t next = 0;  // the first chunk not launched
+  auto batch_size = [&] { return static_cast<size_t>(std::min(per_batch, cursor.remaining())); };
   auto launch = [&](std::vector<std::byte*> bufs) {
     Batch b;
-    b.begin = next;
-    b.end = next + bufs.size();
     std::vector<ReadRequest> reqs;
-    for (size_t i = b.begin; i < b.end; ++i) {
-      chunks[i].buf = bufs[i - b.begin];
-      reqs.push_back(ReadRequest{plan.src_keys[chunks[i].file], chunks[i].offset, chunks[i].length,
-                                 chunks[i].buf});
+    for (std::byte* buf : bufs) {
+      Chunk c = cursor.next();
+      c.buf = buf;
+      reqs.push_back(ReadRequest{plan.src_keys[c.file], c.offset, c.length, c.buf});
+      b.chunks.push_back(c);
     }
-    next = b.end;
     b.read = std::async(std::launch::async, [&src, reqs = std::move(reqs)] { return src.read(reqs); });
     reading.push_back(std::move(b));
   };
-  auto release_unwritten = [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; ++i)
-      if (chunks[i].buf) buffers.release(std::exchange(chunks[i].buf, nullptr));
+  auto release_unwritten = [&](Batch& b) {
+    for (Chunk& c : b.chunks)
+      if (c.buf) buffers.release(std::exchange(c.buf, nullptr));
   };
 
   Status st;
@@ -336,15 +366,15 @@ Result<StreamResult> stream_data_files(Storage& src, Storage& dst, const Index& 
       if (st.ok()) st = finish(f);
     }
   while (st.ok()) {
-    while (next < chunks.size() && reading.size() < kReadsInFlight) {
-      auto bufs = buffers.try_acquire(std::min(per_batch, chunks.size() - next));
+    while (!cursor.done() && reading.size() < kReadsInFlight) {
+      auto bufs = buffers.try_acquire(batch_size());
       if (bufs.empty()) break;
       launch(std::move(bufs));
     }
     if (reading.empty()) {
-      if (next == chunks.size()) break;
+      if (cursor.done()) break;
       // Every buffer is in a write: wait for one batch's worth to come back.
-      launch(buffers.acquire(std::min(per_batch, chunks.size() - next)));
+      launch(buffers.acquire(batch_size()));
       continue;
     }
     Batch b = std::move(reading.front());
@@ -355,8 +385,8 @@ Result<StreamResult> stream_data_files(Storage& src, Storage& dst, const Index& 
       if (st.code() == Code::kNotFound) st = data_loss(st.message());
       st = st.annotate("read " + plan.what + " from " + src.describe());
     }
-    for (size_t i = b.begin; i < b.end && st.ok(); ++i) st = write(chunks[i]);
-    release_unwritten(b.begin, b.end);
+    for (size_t i = 0; i < b.chunks.size() && st.ok(); ++i) st = write(b.chunks[i]);
+    release_unwritten(b);
     if (st.ok()) st = write_error();
     if (plan.on_progress) plan.on_progress(pending.bytes());
   }
@@ -364,7 +394,7 @@ Result<StreamResult> stream_data_files(Storage& src, Storage& dst, const Index& 
   // Leave nothing running that points into our buffers or our stack.
   for (Batch& b : reading) {
     (void)b.read.get();
-    release_unwritten(b.begin, b.end);
+    release_unwritten(b);
   }
   for (OutFile& f : out)
     if (f.writer && !f.finished) f.writer->abort();

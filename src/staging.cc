@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <set>
 #include <string>
@@ -29,6 +30,10 @@ std::byte* BufferPool::acquire() {
   }
   ++allocated_;
   lock.unlock();
+  return allocate_buffer();
+}
+
+std::byte* BufferPool::allocate_buffer() const {
   // 2 MiB-aligned huge pages when the chunk allows: fewer page faults on
   // the first save and fewer TLB misses on every copy.
   const size_t huge = 2u << 20;
@@ -37,6 +42,31 @@ std::byte* BufferPool::acquire() {
   if (!p) std::abort();  // out of memory for a bounded, configured pool
   if (align == huge) (void)::madvise(p, chunk_, MADV_HUGEPAGE);
   return static_cast<std::byte*>(p);
+}
+
+void BufferPool::reserve(uint64_t n) {
+  uint64_t make = 0;
+  {
+    std::lock_guard lock(mu_);
+    n = std::min(n, capacity_);
+    if (allocated_ >= n) return;
+    make = n - allocated_;
+    allocated_ = n;
+  }
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+  std::vector<std::byte*> made;
+  for (uint64_t i = 0; i < make; ++i) {
+    std::byte* b = allocate_buffer();
+    if (::madvise(b, chunk_, MADV_POPULATE_WRITE) != 0) std::memset(b, 0, chunk_);  // older kernels
+    made.push_back(b);
+  }
+  {
+    std::lock_guard lock(mu_);
+    free_.insert(free_.end(), made.begin(), made.end());
+  }
+  cv_.notify_all();
 }
 
 void BufferPool::release(std::byte* buf) {

@@ -24,6 +24,12 @@ class BufferPool {
   ~BufferPool();
   std::byte* acquire();
   void release(std::byte* buf);
+  // Allocates buffers until min(n, capacity) exist and faults their pages in
+  // now. Copy mode calls it at the start of a save with the chunks it needs:
+  // the first save pays for touching fresh memory (slow on a VM), later saves
+  // of the same state never allocate (acquire() alone grows the pool only as
+  // far as the writes lag the copy, so each save could touch a few more).
+  void reserve(uint64_t n);
   uint64_t chunk() const { return chunk_; }
   uint64_t capacity() const { return capacity_; }
 
@@ -34,6 +40,8 @@ class BufferPool {
   std::condition_variable cv_;
   std::vector<std::byte*> free_;
   uint64_t allocated_ = 0;
+
+  std::byte* allocate_buffer() const;
 };
 
 // One shard in the data file.

@@ -718,16 +718,22 @@ TEST(CopyIndex, RewriteKeepsEverythingButTheNames) {
 }
 
 // ---- S3 -------------------------------------------------------------------------------
-// TODO(s3): once backends/s3 builds, add local -> s3:// -> local round trips
-// against the test servers (tests/s3/s3-server: moto_server and s3rver), with
-// a part size of 5 MiB and a state of ~3 parts plus a tail so that multipart
-// uploads, a single-part PutObject and the padded last range are all hit:
-//   copy_step(local, s3, ...), then copy_step(s3, other_local, ...), restore
-//   bit-exact; a corrupted object at the S3 source (crc mismatch, nothing
-//   committed at the destination, list_unfinished() empty afterwards); a
-//   fault during UploadPart (make_fault_storage over the S3 storage) leaves
-//   no index and no unfinished upload; copy_all_steps s3 -> s3 (two prefixes
-//   of one bucket).
+// TODO(s3): S3 copies against real servers go here, through
+// tests/testutil/s3_server.h (name the tests S3MotoCopy... / S3S3rverCopy...,
+// start with CKPTIO_REQUIRE_S3_SERVER(srv), keep every key under
+// s3_test_prefix()). Open the S3 side with open_storage("s3://" + srv.bucket +
+// "/" + prefix, options) with s3.endpoint/region/access_key_id/
+// secret_access_key from srv and s3.part_size = 5 MiB, and a state of ~3 parts
+// plus a tail, so that multipart uploads, a single-part PutObject and the
+// last range are all hit:
+//   - local -> S3 -> another local directory: restore bit-exact, verify();
+//   - S3 -> S3 (two prefixes of one bucket), copy_all_steps twice (the second
+//     skips everything);
+//   - damage at the S3 source (put a flipped data object): kDataLoss naming the
+//     leaf, no index, no object and list_unfinished() empty at the destination
+//     prefix (checked by hand with moto on 2026-11-23: all three hold);
+//   - S3MotoFaulty: 503 on UploadPart beyond the retries -> kUnavailable,
+//     nothing committed, one AbortMultipartUpload.
 
 }  // namespace
 }  // namespace ckptio

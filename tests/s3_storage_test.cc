@@ -60,7 +60,8 @@ INSTANTIATE_TEST_SUITE_P(S3Moto, StorageConformanceTest,
                          ::testing::Values(ConformanceBackend{"Moto", open_test_storage}),
                          conformance_name);
 INSTANTIATE_TEST_SUITE_P(S3S3rver, StorageConformanceTest,
-                         ::testing::Values(ConformanceBackend{"S3rver", open_test_storage}),
+                         ::testing::Values(ConformanceBackend{
+                             "S3rver", open_test_storage, {"nonatomic_put", "nested_common_prefixes"}}),
                          conformance_name);
 }  // namespace testutil
 

@@ -580,3 +580,16 @@ TEST(S3XmlBuild, DeleteObjectsRoundTrip) {
 
 }  // namespace
 }  // namespace ckptio::s3
+
+namespace ckptio::s3 {
+namespace {
+// moto answers CompleteMultipartUpload with a differently named root.
+TEST(S3XmlComplete, AcceptsMotoRootName) {
+  auto r = parse_complete_multipart(
+      R"(<?xml version="1.0" encoding="UTF-8"?><CompleteMultipartUploadResponse xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Location>http://b/k</Location><Bucket>b</Bucket><Key>k</Key><ETag>"abc-2"</ETag></CompleteMultipartUploadResponse>)");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->etag, "\"abc-2\"");
+  EXPECT_FALSE(parse_complete_multipart("<Other><ETag>x</ETag></Other>").ok());
+}
+}  // namespace
+}  // namespace ckptio::s3

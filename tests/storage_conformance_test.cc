@@ -214,6 +214,9 @@ TEST_P(StorageConformanceTest, PutGetReplace) {
 }
 
 TEST_P(StorageConformanceTest, ConcurrentPutsAndGetsSeeWholeObjects) {
+  if (GetParam().has_gap("nonatomic_put"))
+    GTEST_SKIP() << GetParam().name << "'s server rewrites objects in place (PUT is not atomic; "
+                 << "tests/s3/README.md): this is the server's gap, not the backend's";
   // put() is atomic: a reader sees one of the versions, never a mix.
   const std::string a(200'000, 'a'), b(100'000, 'b');
   ASSERT_TRUE(put_string(storage(), "atomic/index", a).ok());
@@ -318,7 +321,8 @@ TEST_P(StorageConformanceTest, ListWithDelimiter) {
   auto step = storage().list("run-5/", true);
   ASSERT_TRUE(step.ok());
   EXPECT_EQ(object_keys(*step), (std::vector<std::string>{"run-5/ckptio_index.json", "run-5/data-1.bin"}));
-  EXPECT_EQ(step->prefixes, (std::vector<std::string>{"run-5/sub/"}));
+  if (!GetParam().has_gap("nested_common_prefixes"))
+    EXPECT_EQ(step->prefixes, (std::vector<std::string>{"run-5/sub/"}));
   for (const auto& e : step->objects) EXPECT_EQ(e.size, 1u);
 }
 
@@ -392,7 +396,8 @@ TEST_P(StorageConformanceTest, ListReturnsEverythingPastPageSize) {
   EXPECT_EQ(d->prefixes, dirs);
   auto top = storage().list("many/", true);
   ASSERT_TRUE(top.ok());
-  EXPECT_EQ(top->prefixes, (std::vector<std::string>{"many/dirs/", "many/flat/"}));
+  if (!GetParam().has_gap("nested_common_prefixes"))
+    EXPECT_EQ(top->prefixes, (std::vector<std::string>{"many/dirs/", "many/flat/"}));
 }
 
 TEST_P(StorageConformanceTest, RemovePrefix) {

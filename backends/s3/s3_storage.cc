@@ -432,6 +432,12 @@ class S3StorageImpl : public S3Storage {
         return io_error("list " + describe() + "/" + prefix + ": truncated page without a new token");
       token = parsed->next_continuation_token;
     }
+    // S3 lists in UTF-8 byte order; some servers (s3rver) do not. The
+    // contract is S3's, so sort here: it costs little next to the requests.
+    std::sort(out.objects.begin(), out.objects.end(),
+              [](const ListEntry& a, const ListEntry& b) { return a.key < b.key; });
+    std::sort(out.prefixes.begin(), out.prefixes.end());
+    out.prefixes.erase(std::unique(out.prefixes.begin(), out.prefixes.end()), out.prefixes.end());
     return out;
   }
 

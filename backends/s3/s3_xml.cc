@@ -260,9 +260,14 @@ Result<std::string> parse_initiate_multipart(std::string_view body) {
 Result<CompleteResult> parse_complete_multipart(std::string_view body) {
   constexpr std::string_view op = "CompleteMultipartUpload";
   pugi::xml_document doc;
-  CKPTIO_ASSIGN_OR_RETURN(pugi::xml_node root,
-                          result_root(doc, body, op, "CompleteMultipartUploadResult"));
-  CKPTIO_ASSIGN_OR_RETURN(std::string etag, required_text(root, "ETag", op));
+  // moto names the root CompleteMultipartUploadResponse; AWS, MinIO and Ceph
+  // CompleteMultipartUploadResult. Both carry the same children.
+  auto root = result_root(doc, body, op, "CompleteMultipartUploadResult");
+  if (!root.ok() && root.status().code() != Code::kUnavailable && !doc.empty() &&
+      local_name(doc.document_element()) == "CompleteMultipartUploadResponse")
+    root = doc.document_element();
+  if (!root.ok()) return root.status();
+  CKPTIO_ASSIGN_OR_RETURN(std::string etag, required_text(*root, "ETag", op));
   return CompleteResult{std::move(etag)};
 }
 

@@ -243,6 +243,12 @@ def byte_for_byte():
                 while b"\r\n\r\n" not in buf:
                     buf += c.recv(65536)
                 head = buf[:buf.index(b"\r\n\r\n") + 4]
+                if b"\r\nx-early: 1\r\n" in head.lower():
+                    # answer at once, read none of the body, hold the connection
+                    c.sendall(b"HTTP/1.1 413 Too Large\r\nContent-Length: 5\r\n"
+                              b"Connection: close\r\n\r\nearly")
+                    time.sleep(4)
+                    continue
                 n = 0
                 for line in head.split(b"\r\n"):
                     if line.lower().startswith(b"content-length:"):
@@ -295,12 +301,27 @@ def byte_for_byte():
                 check(len(got) == i + 1 and got[i] == rq,
                       f"the upstream did not get the request byte for byte:\n sent {rq!r}\n "
                       f"got  {got[i] if len(got) > i else None!r}")
+            # an upstream that answers before reading a 16 MiB body, and stops reading:
+            # the proxy must pass the answer on (not block sending), and read the
+            # client's body to its end so that the connection stays usable
+            big = os.urandom(16 << 20)
+            t0 = time.monotonic()
+            s.sendall(b"PUT /b/big HTTP/1.1\r\nHost: h\r\nX-Early: 1\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(big) + big)
+            st, hd, body = read_response(s, "PUT")
+            dt = time.monotonic() - t0
+            check(st == 413 and body == b"early" and dt < 3,
+                  f"early upstream answer: HTTP {st} {body!r} after {dt:.2f} s")
+            s.sendall(reqs[1])
+            st, hd, body = read_response(s, "GET")
+            check(st == 200, f"after an early answer the connection should still work: HTTP {st}")
     finally:
         proc.terminate()
         proc.wait(10)
         logf.close()
         lsock.close()
-    ok("requests reach the upstream byte for byte (Host too); unframed responses re-framed")
+    ok("requests reach the upstream byte for byte (Host too); unframed responses re-framed; "
+       "an early upstream answer is passed on")
 
 
 # ---- faults ----------------------------------------------------------------------

@@ -41,6 +41,17 @@ namespace ckptio::testutil {
 struct ConformanceBackend {
   std::string name;  // a GoogleTest-safe name: letters, digits, '_'
   std::function<Result<std::shared_ptr<Storage>>()> make;
+  // Known deviations of the server behind the backend from S3's contract,
+  // each documented where the server is set up (tests/s3/README.md):
+  //   "nonatomic_put"          a GET may see an object half rewritten
+  //   "nested_common_prefixes" a delimiter listing omits "directories"
+  //                            that hold only deeper keys
+  // The assertions that need the missing behaviour are not made for such a
+  // backend; everything else is.
+  std::vector<std::string> gaps = {};
+  bool has_gap(const std::string& g) const {
+    return std::find(gaps.begin(), gaps.end(), g) != gaps.end();
+  }
 };
 
 // Prints the backend's name (not its bytes) in test names and messages.

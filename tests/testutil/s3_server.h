@@ -5,6 +5,7 @@
 //   S3Moto...      (or a parameter name ending the test name in /Moto)      -> moto
 //   S3S3rver...    (or .../S3rver)                                          -> s3rver
 //   S3MotoSigV4... (or .../MotoSigV4)                                       -> moto with SigV4 checks
+//   S3MotoFaulty...(or .../MotoFaulty)  -> moto behind tests/s3/fault-proxy (faults on request)
 // Such a test runs with CKPTIO_S3_SERVER_ENV=<build>/s3-servers/<name>/server.env,
 // a file of key=value lines written by tests/s3/s3-server once the server answers
 // and the bucket exists.
@@ -25,6 +26,20 @@
 // Every test shares the one bucket of its server, and tests run in parallel
 // (ctest -j): keep each test under its own s3_test_prefix() and never list or
 // delete outside it.
+//
+// S3MotoFaulty tests talk to moto through tests/s3/fault-proxy and set its
+// fault rules through its control API (tests/s3/README.md, "Fault injection");
+// ctest runs them one at a time (RESOURCE_LOCK): the rules are global.
+//
+//   TEST(S3MotoFaultyMultipart, AbortsAfterLastAttempt) {
+//     CKPTIO_REQUIRE_S3_SERVER(srv);
+//     ASSERT_TRUE(ckptio::testutil::s3_fault_reset(srv));   // no rules, counters zeroed
+//     ASSERT_TRUE(ckptio::testutil::s3_fault_set_rules(srv,
+//         R"(["fault=status status=503 op=UploadPart"])"));
+//     ... upload, expect an error ...
+//     EXPECT_EQ(ckptio::testutil::s3_fault_count(srv, "op.AbortMultipartUpload"), 1);
+//     ckptio::testutil::s3_fault_reset(srv);
+//   }
 #pragma once
 
 #include <gtest/gtest.h>
@@ -39,8 +54,10 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 
+#include <curl/curl.h>
 #include <unistd.h>
 
 namespace ckptio::testutil {
@@ -54,6 +71,10 @@ struct S3TestServer {
   std::string kind;        // "moto", "moto-sigv4" or "s3rver"
   bool checks_sigv4 = false;  // true only for moto-sigv4: a wrong secret gets 403
   std::string env_path;    // the server.env it was read from
+  // Only behind tests/s3/fault-proxy (S3MotoFaulty): its control API,
+  // "http://127.0.0.1:PORT/__fault__", and the server it forwards to.
+  std::string control;
+  std::string upstream;
 };
 
 struct S3TestServerLookup {
@@ -120,6 +141,8 @@ inline S3TestServerLookup lookup_s3_test_server() {
   s.kind = kv["kind"];
   s.checks_sigv4 = kv["checks_sigv4"] == "true";
   s.env_path = path;
+  s.control = kv["control"];
+  s.upstream = kv["upstream"];
   for (const char* k : {"endpoint", "bucket", "access_key", "secret_key", "region"}) {
     if (kv[k].empty()) {
       out.why = std::string(path) + ": no '" + k + "=' line";
@@ -151,6 +174,93 @@ inline std::string s3_test_prefix() {
   char rnd[9];
   std::snprintf(rnd, sizeof rnd, "%08x", rd());
   return name + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" + rnd + "/";
+}
+
+// ---- the fault proxy's control API (tests/s3/README.md, "Fault injection") ----
+
+// One request to the proxy's control API: `method` "GET" or "POST", `path`
+// under it ("/rules", "/stats?format=text", "/reset"), `body` sent as is (a
+// JSON list of rules, or rule lines). True on HTTP 200; *response (if given)
+// gets the body, or why the request failed (an error text on HTTP 400).
+inline bool s3_fault_control(const S3TestServer& srv, const std::string& method,
+                             const std::string& path, const std::string& body,
+                             std::string* response) {
+  std::string sink;
+  std::string& out = response != nullptr ? *response : sink;
+  out.clear();
+  if (srv.control.empty()) {
+    out = "no control= line in " + srv.env_path +
+          ": not a fault-proxy server (name the test S3MotoFaulty...)";
+    return false;
+  }
+  CURL* h = curl_easy_init();
+  if (h == nullptr) {
+    out = "curl_easy_init failed";
+    return false;
+  }
+  std::string url = srv.control + (path.empty() || path[0] == '/' ? "" : "/") + path;
+  curl_slist* headers = curl_slist_append(nullptr, "Expect:");
+  headers = curl_slist_append(headers, "Content-Type: application/json");
+  auto write = +[](char* p, size_t size, size_t n, void* ud) -> size_t {
+    static_cast<std::string*>(ud)->append(p, size * n);
+    return size * n;
+  };
+  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(h, CURLOPT_PROXY, "");      // never through $http_proxy
+  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT, 30L);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, write);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &out);
+  if (method == "GET") {
+    curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
+  } else {
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body.data());
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
+    if (method != "POST") curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method.c_str());
+  }
+  CURLcode rc = curl_easy_perform(h);
+  long status = 0;
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+  curl_slist_free_all(headers);
+  curl_easy_cleanup(h);
+  if (rc != CURLE_OK) {
+    out = std::string(method) + " " + url + ": " + curl_easy_strerror(rc);
+    return false;
+  }
+  return status == 200;
+}
+
+// Replaces the proxy's rules: a JSON list of rule strings or objects, e.g.
+// R"(["fault=status status=503 op=UploadPart"])", or rule lines. Counters of
+// the old rules go; request counters stay (s3_fault_reset zeroes them).
+inline bool s3_fault_set_rules(const S3TestServer& srv, const std::string& rules,
+                               std::string* response = nullptr) {
+  return s3_fault_control(srv, "POST", "/rules", rules, response);
+}
+
+// No rules, all counters zeroed, stalled connections closed.
+inline bool s3_fault_reset(const S3TestServer& srv, std::string* response = nullptr) {
+  return s3_fault_control(srv, "POST", "/reset", "", response);
+}
+
+// The proxy's counters as JSON (GET /__fault__/stats), or "" if unreachable.
+inline std::string s3_fault_stats(const S3TestServer& srv) {
+  std::string out;
+  return s3_fault_control(srv, "GET", "/stats", "", &out) ? out : std::string();
+}
+
+// One counter by name from GET /__fault__/stats?format=text: "requests",
+// "forwarded", "faults.status", "faults_total", "op.UploadPart", "status.503",
+// "rule.0.injected", ... A counter not listed is 0; -1 if the proxy is unreachable.
+inline long s3_fault_count(const S3TestServer& srv, const std::string& name) {
+  std::string out;
+  if (!s3_fault_control(srv, "GET", "/stats?format=text", "", &out)) return -1;
+  std::istringstream in(out);
+  std::string key, value;
+  while (in >> key >> value)
+    if (key == name) return std::strtol(value.c_str(), nullptr, 10);
+  return 0;
 }
 
 }  // namespace ckptio::testutil

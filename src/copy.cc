@@ -142,8 +142,9 @@ Result<CopyStats> copy_attempt(Storage& src, Storage& dst, const Namings& names,
   }
   CKPTIO_ASSIGN_OR_RETURN(std::string index_text, rewrite_index_text(s.text, s.index, renames));
   CKPTIO_RETURN_IF_ERROR(plan_buffers(dst, o, &plan.chunk, &plan.max_memory));
-  uint64_t total = 0;
-  for (const auto& f : s.index.files) total += f.size;
+  uint64_t total = 0;  // for progress; saturates (a hostile index fails on reading)
+  for (const auto& f : s.index.files)
+    if (__builtin_add_overflow(total, f.size, &total)) total = UINT64_MAX;
   if (o.on_progress) {
     o.on_progress(stats.step, 0, total);
     plan.on_progress = [&](uint64_t done) { o.on_progress(stats.step, done, total); };

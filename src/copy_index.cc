@@ -8,9 +8,9 @@
 // ordered_json), touching only `files[].name` and every shard's `file`. The
 // source text already passed the strict parser, so the tree holds no
 // duplicate keys, no invalid UTF-8 and no hostile nesting. The result is
-// written compactly (never longer than the writer's layout, which matters
-// against IndexLimits::max_bytes) and parsed back before anything is
-// committed.
+// written compactly (shorter than the writer's indented layout, which
+// matters against IndexLimits::max_bytes) and parsed back before anything
+// is committed.
 #include <nlohmann/json.hpp>
 
 #include "src/copy.h"

@@ -402,7 +402,7 @@ Result<StreamResult> stream_data_files(Storage& src, Storage& dst, const Index& 
   if (st.ok()) st = write_error();
   if (!st.ok()) return st;
   if (plan.on_progress) plan.on_progress(pending.bytes());
-  for (const auto& f : index.files) result.bytes += f.size;
+  for (const auto& f : index.files) result.bytes += f.size;  // all read: no overflow
   return result;
 }
 

@@ -383,10 +383,6 @@ Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& 
 
   StreamCursor cursor(job.plan);
   crcs.assign(job.plan.shards.size(), 0);
-  if (job.copy_mode && getenv("CKPTIO_EXP_DEFER")) {  // EXPERIMENT
-    std::unique_lock lock(job.mu);
-    job.cv.wait(lock, [&] { return job.producer_done; });
-  }
   for (const WriteRange& r : job.ranges) {
     if (write_failed()) job.failed = true;
     const bool ends_file = r.offset + r.length == job.plan.total;
@@ -498,8 +494,10 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
   stats.total_seconds = seconds_since(job.started);
   job.owned.clear();
 
-  job.handle->finish(st, stats);
+  // The callback runs before the handle completes, so that a caller who
+  // waited on the handle knows its callback has run.
   if (owner->options().on_commit) owner->options().on_commit(CommitEvent{job.step, st, stats});
+  job.handle->finish(st, stats);
   if (st.ok() && (owner->options().max_to_keep > 0 || owner->options().keep_every > 0)) {
     Status r = owner->apply_retention(owner->options().max_to_keep, owner->options().keep_every);
     if (!r.ok()) spdlog::warn("ckptio: retention after step {}: {}", job.step, r.to_string());

@@ -692,6 +692,24 @@ TEST(CopyContract, LargeWriteGranularityIsRespected) {
   expect_restored(m.restore(1).value(), state);
 }
 
+// An index may declare any file size; a copy must neither allocate nor loop
+// in proportion to it, and the short object is damage.
+TEST(CopyHostile, DeclaredSizeBeyondTheObjectIsDataLoss) {
+  auto src = make_memory_storage(false), dst = make_memory_storage(true);
+  const std::string file = "data-00000000000000bb-0.bin";
+  ASSERT_TRUE(put_object(*src, "run-1/" + file, std::string(5000, 'x')).ok());
+  Index idx;
+  idx.step = 1;
+  idx.files = {{file, 1ull << 62}};
+  idx.prefixes = {{"m", {LeafRecord{"x", DType::kUInt8, {5000}, {{Box{{0}, {5000}}, file, 0, 5000,
+                                                                   crc32c(std::string(5000, 'x').data(), 5000)}}}}}};
+  const std::string text = serialize_index(idx);
+  ASSERT_TRUE(src->put("run-1/ckptio_index.json", {reinterpret_cast<const std::byte*>(text.data()), text.size()}).ok());
+  auto st = copy_step(*src, *dst, 1, {});
+  EXPECT_EQ(st.status().code(), Code::kDataLoss) << st.status().to_string();
+  EXPECT_TRUE(everything(*dst).empty());
+}
+
 TEST(CopyIndex, RewriteKeepsEverythingButTheNames) {
   Index idx;
   idx.step = 2;

@@ -14,39 +14,17 @@
 #include "ckptio/ckptio.h"
 #include "testutil/conformance.h"
 #include "testutil/s3_server.h"
+#include "testutil/s3_store.h"
 
 namespace ckptio {
 namespace {
 
 using testutil::ConformanceBackend;
 
-constexpr uint64_t kPart = 5ull << 20;  // S3's minimum: keeps multipart tests small
+constexpr uint64_t kPart = testutil::kS3TestPart;
 
-s3::S3Config test_config(const testutil::S3TestServer& srv) {
-  s3::S3Config c;
-  c.endpoint = srv.endpoint;
-  c.region = srv.region;
-  c.creds = {srv.access_key, srv.secret_key, ""};
-  c.path_style = true;
-  c.part_size = kPart;
-  c.max_connections = 16;
-  c.retry.base_seconds = 0.02;
-  c.retry.cap_seconds = 0.5;
-  c.retry.max_attempts = 5;
-  c.request_timeout_s = 20;
-  return c;
-}
-
-// A fresh store under a prefix of its own; kUnimplemented (skip) when no
-// server is configured outside CI, another error (fail) when one should be.
-Result<std::shared_ptr<s3::S3Storage>> open_test_store() {
-  auto look = testutil::lookup_s3_test_server();
-  if (!look.server)
-    return Status(look.must_fail ? Code::kFailedPrecondition : Code::kUnimplemented, look.why);
-  std::string prefix = testutil::s3_test_prefix();
-  prefix.pop_back();  // no trailing '/'
-  return s3::make_s3_storage("s3://" + look.server->bucket + "/" + prefix, test_config(*look.server));
-}
+s3::S3Config test_config(const testutil::S3TestServer& srv) { return testutil::s3_test_config(srv); }
+Result<std::shared_ptr<s3::S3Storage>> open_test_store() { return testutil::open_s3_test_store(); }
 
 Result<std::shared_ptr<Storage>> open_test_storage() {
   CKPTIO_ASSIGN_OR_RETURN(auto s, open_test_store());

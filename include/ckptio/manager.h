@@ -75,7 +75,10 @@ struct ManagerOptions {
   // Discovery and restore treat an index that fails to parse as an error
   // instead of skipping the step with a warning.
   bool strict = false;
-  // Runs once per save that returned a handle, success or failure.
+  // Runs once per save that returned a handle, success or failure, on the
+  // manager's worker thread, before that save's handle completes (so after
+  // SaveHandle::wait() returns, the callback has run). It must not wait on
+  // that handle.
   std::function<void(const CommitEvent&)> on_commit;
 };
 

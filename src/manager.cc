@@ -34,6 +34,7 @@
 #include <numeric>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "src/cast.h"
 #include "src/commit.h"
@@ -65,21 +66,32 @@ int64_t unix_ns_now() {
 constexpr uint64_t kCopyBlock = 128 << 10;
 
 // Copies the shards' pieces of a staged range into `buf`, zero-fills the gaps
-// between them (alignment padding of phase-aligned plans), and updates the
-// shards' checksums in `crcs` from the copied bytes.
-void stage_range(StreamCursor& cursor, const WriteRange& r, std::byte* buf, std::vector<uint32_t>& crcs) {
+// between them (alignment padding of phase-aligned plans), and calls
+// on_piece(shard, crc32c_of_piece, n) for each piece, checksummed from the
+// copied bytes.
+template <typename OnPiece>
+void stage_range(StreamCursor& cursor, const WriteRange& r, std::byte* buf, OnPiece&& on_piece) {
   uint64_t filled = 0;
   cursor.range(r.offset, r.length, [&](size_t i, const std::byte* src, uint64_t n, uint64_t at) {
     if (at > filled) std::memset(buf + filled, 0, at - filled);
+    uint32_t crc = 0;
     for (uint64_t done = 0; done < n; done += kCopyBlock) {
       const uint64_t k = std::min(kCopyBlock, n - done);
       std::memcpy(buf + at + done, src + done, k);
-      crcs[i] = crc32c(buf + at + done, k, crcs[i]);
+      crc = crc32c(buf + at + done, k, crc);
     }
+    on_piece(i, crc, n);
     filled = at + n;
   });
   if (r.length > filled) std::memset(buf + filled, 0, r.length - filled);
 }
+
+// The checksum of one shard's piece inside a staged chunk.
+struct PieceCrc {
+  size_t shard = 0;
+  uint32_t crc = 0;
+  uint64_t length = 0;
+};
 
 }  // namespace
 
@@ -137,9 +149,6 @@ struct SaveJob {
   AttemptPaths paths;
   SavePlan plan;
   std::vector<WriteRange> ranges;  // the data file's write requests, in order
-  // Copy mode: the shards' checksums, computed by the caller's thread as it
-  // copies; the worker reads them once the last chunk reached it.
-  std::vector<uint32_t> copy_crcs;
   uint64_t chunk = 0;
   uint64_t unit = 1;  // write_unit() of the backend's granularity
   bool copy_mode = true;
@@ -147,28 +156,48 @@ struct SaveJob {
   int64_t created_unix_ns = 0;
   double stall_seconds = 0;
   std::shared_ptr<SaveHandle::State> handle;
-
-  // Copy mode: chunks filled by the caller, consumed by the worker.
-  std::mutex mu;  // guards ready, producer_done
-  std::condition_variable cv;
-  std::deque<std::byte*> ready;
-  bool producer_done = false;
   std::atomic<bool> failed{false};
 
-  void push_ready(std::byte* buf) {
-    { std::lock_guard lock(mu); ready.push_back(buf); }
-    cv.notify_one();
+  // Copy mode: the caller's thread and the crew fill chunks (one per range)
+  // and checksum them as they copy; the worker consumes them in range order.
+  // A thread takes a pool buffer and then claims the next range, both under
+  // claim_mu, so the lowest range not yet consumed always has its buffer and
+  // a full pool cannot deadlock. Every claimed range is published (with a
+  // null buffer when its copier saw `failed`).
+  struct Chunk {
+    std::byte* buf = nullptr;
+    std::vector<PieceCrc> crcs;
+    bool ready = false;
+  };
+  std::mutex claim_mu;       // guards next_claim
+  size_t next_claim = 0;
+  std::mutex mu;             // guards chunks, claimed, producer_done
+  std::condition_variable cv;
+  std::vector<Chunk> chunks;
+  size_t claimed = 0;        // final once producer_done
+  bool producer_done = false;
+
+  void publish(size_t i, std::byte* buf, std::vector<PieceCrc> crcs) {
+    {
+      std::lock_guard lock(mu);
+      chunks[i].buf = buf;
+      chunks[i].crcs = std::move(crcs);
+      chunks[i].ready = true;
+    }
+    cv.notify_all();
   }
-  std::byte* pop_ready() {  // nullptr when the producer stopped early
+  // Chunk i once published; nullptr when the copiers stopped before it.
+  Chunk* wait_chunk(size_t i) {
     std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return !ready.empty() || producer_done; });
-    if (ready.empty()) return nullptr;
-    std::byte* b = ready.front();
-    ready.pop_front();
-    return b;
+    cv.wait(lock, [&] { return chunks[i].ready || (producer_done && i >= claimed); });
+    return chunks[i].ready ? &chunks[i] : nullptr;
   }
-  void producer_finished() {
-    { std::lock_guard lock(mu); producer_done = true; }
+  void producer_finished(size_t n_claimed) {
+    {
+      std::lock_guard lock(mu);
+      claimed = n_claimed;
+      producer_done = true;
+    }
     cv.notify_all();
   }
 };
@@ -204,6 +233,11 @@ CheckpointManager::CheckpointManager(std::shared_ptr<Storage> storage, ManagerOp
   chunk = std::max<uint64_t>((chunk + align - 1) / align * align, align);
   impl_->chunk = chunk;
   impl_->pool = std::make_unique<BufferPool>(chunk, std::max<uint64_t>(2, options_.staging_budget / chunk));
+  // Copy mode copies on the caller's thread and these helpers (one per
+  // further core, up to four copiers): the copy is memory-bound, and more
+  // than a few threads buy nothing.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  impl_->crew = std::make_unique<Crew>(std::min(cores, 4u) - 1);
   impl_->worker = std::thread([this] { impl_->worker_loop(); });
 }
 
@@ -290,6 +324,7 @@ Result<SaveHandle> CheckpointManager::save(int64_t step, const std::vector<LeafV
   job->unit = impl_->unit;
   job->plan = plan_save(job->leaves, zero_copy && job->unit > 1 ? 4096 : 0);
   job->ranges = plan_write_ranges(job->plan, job->chunk, job->unit, zero_copy);
+  if (job->copy_mode) job->chunks.resize(job->ranges.size());  // before the worker sees the job
 
   {
     std::lock_guard lock(impl_->mu);
@@ -299,20 +334,36 @@ Result<SaveHandle> CheckpointManager::save(int64_t step, const std::vector<LeafV
   impl_->cv.notify_all();
 
   if (job->copy_mode) {
-    // Copy on the caller's thread; each chunk goes to the worker as soon as
-    // it is full. Blocks only while every pool buffer is in use.
+    // Copy on the caller's thread and the crew; each chunk goes to the worker
+    // as soon as it is full. Blocks only while every pool buffer is in use.
     // Checksums are computed here, block by block as each is copied (see
-    // kCopyBlock): cheaper than a second pass over the pool on the worker.
+    // kCopyBlock), per piece; the worker joins them in order.
     impl_->pool->reserve(job->ranges.size());
-    StreamCursor cursor(job->plan);
-    job->copy_crcs.assign(job->plan.shards.size(), 0);
-    for (const WriteRange& r : job->ranges) {
-      if (job->failed.load()) break;
-      std::byte* buf = impl_->pool->acquire();
-      stage_range(cursor, r, buf, job->copy_crcs);
-      job->push_ready(buf);  // publishes the checksums of this chunk too
-    }
-    job->producer_finished();
+    SaveJob& j = *job;
+    BufferPool& pool = *impl_->pool;
+    impl_->crew->run([&j, &pool] {
+      StreamCursor cursor(j.plan);  // per thread: its ranges increase
+      for (;;) {
+        std::byte* buf = nullptr;
+        size_t i = 0;
+        {
+          std::lock_guard lock(j.claim_mu);
+          if (j.failed.load() || j.next_claim >= j.ranges.size()) return;
+          buf = pool.acquire();
+          i = j.next_claim++;
+        }
+        std::vector<PieceCrc> crcs;
+        if (j.failed.load()) {
+          pool.release(buf);
+          buf = nullptr;
+        } else {
+          stage_range(cursor, j.ranges[i], buf,
+                      [&](size_t shard, uint32_t crc, uint64_t n) { crcs.push_back({shard, crc, n}); });
+        }
+        j.publish(i, buf, std::move(crcs));
+      }
+    });
+    job->producer_finished(job->next_claim);
     job->handle->set_released();
   }
   job->stall_seconds = seconds_since(t0);
@@ -396,16 +447,21 @@ Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& 
     }
     std::byte* buf = nullptr;
     if (job.copy_mode) {
-      buf = job.pop_ready();
-      if (!buf) break;  // producer stopped after a failure
+      SaveJob::Chunk* c = job.wait_chunk(&r - job.ranges.data());
+      if (!c) break;  // the copiers stopped after a failure
+      buf = std::exchange(c->buf, nullptr);
+      if (!buf) continue;
       if (job.failed) {
         pool->release(buf);
         continue;  // keep draining the caller's chunks so it never blocks
       }
+      for (const PieceCrc& p : c->crcs) crcs[p.shard] = crc32c_combine(crcs[p.shard], p.crc, p.length);
     } else {
       if (job.failed) break;
       buf = pool->acquire();
-      stage_range(cursor, r, buf, crcs);
+      stage_range(cursor, r, buf, [&](size_t shard, uint32_t crc, uint64_t n) {
+        crcs[shard] = crc32c_combine(crcs[shard], crc, n);
+      });
     }
     const uint64_t padded = std::min<uint64_t>((r.length + align - 1) / align * align, pool->chunk());
     if (padded > r.length) std::memset(buf + r.length, 0, padded - r.length);
@@ -415,14 +471,9 @@ Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& 
     std::unique_lock lock(pending.mu);
     pending.cv.wait(lock, [&] { return pending.count == 0; });
   }
+  drain_ready(job);
   // Direct writes read the caller's memory until they complete.
   if (!job.copy_mode) job.handle->set_released();
-  // Copy mode: every chunk was popped, so the caller's checksums are final
-  // (each push_ready published them under the job's mutex).
-  if (job.copy_mode && !job.failed) {
-    std::lock_guard lock(job.mu);
-    crcs = job.copy_crcs;
-  }
   Status st = pending.first;
   if (st.ok() && job.failed) st = internal_error("save stopped early");
   if (!st.ok()) {
@@ -436,7 +487,15 @@ Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& 
 
 void CheckpointManager::Impl::drain_ready(SaveJob& job) {
   if (!job.copy_mode) return;
-  while (std::byte* b = job.pop_ready()) pool->release(b);
+  // Gives back the buffer of every chunk the write loop did not consume (after
+  // a failure), as they are published: a copier may be waiting for one.
+  std::unique_lock lock(job.mu);
+  for (;;) {
+    for (SaveJob::Chunk& c : job.chunks)
+      if (c.buf) pool->release(std::exchange(c.buf, nullptr));
+    if (job.producer_done) return;
+    job.cv.wait(lock);
+  }
 }
 
 Index CheckpointManager::Impl::build_index(const SaveJob& job, const std::vector<uint32_t>& crcs) {

@@ -38,6 +38,7 @@ struct CheckpointManager::Impl {
   uint64_t chunk = 0;  // bytes per write request: a multiple of `unit`
   uint64_t unit = 1;   // write_unit() of the storage's write granularity
   std::unique_ptr<BufferPool> pool;
+  std::unique_ptr<Crew> crew;  // copy mode's copiers beside the caller
   std::thread worker;
 
   std::mutex mu;  // guards everything below

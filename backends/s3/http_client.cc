@@ -46,6 +46,8 @@ struct Transfer {
   uint64_t body_pos = 0;
   bool decided = false;  // whether the body goes to the sink is known
   bool to_sink = false;
+  size_t seg = 0;          // scatter: the buffer being filled
+  uint64_t seg_pos = 0;    // and how far
   Clock::time_point not_before;
 };
 
@@ -74,8 +76,28 @@ size_t on_body(char* data, size_t size, size_t n, void* p) {
   if (!t->decided) {
     long code = 0;
     curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &code);
-    t->to_sink = t->req.sink != nullptr && code >= 200 && code < 300;
+    t->to_sink = (t->req.sink != nullptr || !t->req.scatter.empty()) && code >= 200 && code < 300;
     t->decided = true;
+  }
+  if (t->to_sink && !t->req.scatter.empty()) {
+    size_t done = 0;
+    while (done < len) {
+      if (t->seg == t->req.scatter.size()) {
+        t->resp.body_too_large = true;
+        return 0;
+      }
+      std::span<std::byte> s = t->req.scatter[t->seg];
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(s.size() - t->seg_pos, len - done));
+      std::memcpy(s.data() + t->seg_pos, data + done, n);
+      done += n;
+      t->seg_pos += n;
+      if (t->seg_pos == s.size()) {
+        ++t->seg;
+        t->seg_pos = 0;
+      }
+    }
+    t->resp.sink_bytes += len;
+    return len;
   }
   if (t->to_sink) {
     if (t->resp.sink_bytes + len > t->req.sink_size) {

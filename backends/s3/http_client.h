@@ -35,6 +35,10 @@ struct HttpRequest {
   // `max_body` bytes. Non-2xx bodies (S3 error XML) always go to `body`.
   std::byte* sink = nullptr;
   uint64_t sink_size = 0;
+  // Or a list of buffers filled in order, as if they were one sink (a GET
+  // of adjacent ranges scattered to several destinations). When non-empty
+  // it replaces `sink`; `sink_size` is ignored.
+  std::vector<std::span<std::byte>> scatter;
   uint64_t max_body = 64ull << 20;
 };
 

@@ -98,6 +98,7 @@ void S3Client::send(std::shared_ptr<Attempt> a, std::chrono::milliseconds delay)
   req.body = op.body;
   req.sink = op.sink;
   req.sink_size = op.sink_size;
+  req.scatter = op.scatter;
   req.max_body = op.max_body;
   ++a->attempts;
   ++requests_;

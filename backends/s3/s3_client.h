@@ -37,6 +37,7 @@ struct S3Op {
   bool sign_payload = true;
   std::byte* sink = nullptr;  // see HttpRequest
   uint64_t sink_size = 0;
+  std::vector<std::span<std::byte>> scatter;
   uint64_t max_body = 64ull << 20;
   // Judges a 2xx response. A non-OK status fails the attempt; it is retried
   // when retryable() (e.g. an <Error> inside a 200, a truncated body).

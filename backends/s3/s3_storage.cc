@@ -11,6 +11,7 @@
 #include <mutex>
 #include <set>
 
+#include "backends/s3/read_plan.h"
 #include "backends/s3/s3_client.h"
 #include "backends/s3/s3_xml.h"
 
@@ -370,36 +371,37 @@ class S3StorageImpl : public S3Storage {
                          ", " + std::to_string(r.offset + r.length) + ") past the end (" +
                          std::to_string(h->size) + " bytes)");
     }
-    // 2. Ranged GETs of at most one part each, straight into the buffers.
-    const uint64_t piece = client_.config().part_size;
+    // 2. Ranged GETs, adjacent requests merged (read_plan.h), straight into
+    //    the caller's buffers.
     Waiter w;
-    for (const ReadRequest& r : requests) {
-      const std::string& etag = heads.at(r.key)->etag;
-      for (uint64_t at = 0; at < r.length; at += piece) {
-        const uint64_t len = std::min(piece, r.length - at);
-        const uint64_t first = r.offset + at;
-        S3Op op;
-        op.method = "GET";
-        op.key = full(r.key);
-        op.headers = {{"range", "bytes=" + std::to_string(first) + "-" + std::to_string(first + len - 1)}};
-        if (!etag.empty()) op.headers.emplace_back("if-match", etag);
-        op.sink = r.dst + at;
+    for (RangedGet& g : plan_gets(requests, read_get_bytes())) {
+      const std::string& etag = heads.at(g.key)->etag;
+      const uint64_t len = g.length;
+      S3Op op;
+      op.method = "GET";
+      op.key = full(g.key);
+      op.headers = {{"range", "bytes=" + std::to_string(g.offset) + "-" + std::to_string(g.offset + len - 1)}};
+      if (!etag.empty()) op.headers.emplace_back("if-match", etag);
+      if (g.dst.size() == 1) {
+        op.sink = g.dst[0].data();
         op.sink_size = len;
-        op.check = [len](const HttpResponse& resp) {
-          if (resp.status != 206 && resp.status != 200)
-            return io_error("unexpected HTTP " + std::to_string(resp.status) + " to a ranged GET");
-          if (resp.sink_bytes != len)
-            return Status(Code::kUnavailable, "truncated body: " + std::to_string(resp.sink_bytes) +
-                                                  " of " + std::to_string(len) + " bytes");
-          return Status::OK();
-        };
-        w.add();
-        client_.execute(std::move(op), [&w](Status st, HttpResponse resp) {
-          if (st.code() == Code::kFailedPrecondition)
-            st = data_loss(st.message() + " (the object changed while it was being read)");
-          w.done(st);
-        });
+      } else {
+        op.scatter = std::move(g.dst);
       }
+      op.check = [len](const HttpResponse& resp) {
+        if (resp.status != 206 && resp.status != 200)
+          return io_error("unexpected HTTP " + std::to_string(resp.status) + " to a ranged GET");
+        if (resp.sink_bytes != len)
+          return Status(Code::kUnavailable, "truncated body: " + std::to_string(resp.sink_bytes) +
+                                                " of " + std::to_string(len) + " bytes");
+        return Status::OK();
+      };
+      w.add();
+      client_.execute(std::move(op), [&w](Status st, HttpResponse) {
+        if (st.code() == Code::kFailedPrecondition)
+          st = data_loss(st.message() + " (the object changed while it was being read)");
+        w.done(st);
+      });
     }
     return w.wait();
   }
@@ -517,6 +519,9 @@ class S3StorageImpl : public S3Storage {
     uint64_t size = 0;
     std::string etag;
   };
+
+  // Bytes per GET: one part, so a large read spreads over the connections.
+  uint64_t read_get_bytes() const { return client_.config().part_size; }
 
   std::string full(const std::string& key) const {
     return where_.prefix.empty() ? key : where_.prefix + "/" + key;

@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "testutil/random_bytes.h"
 #include "backends/local/local_storage.h"
 #include "backends/memory/memory_storage.h"
 #include "ckptio/ckptio.h"
@@ -36,12 +37,7 @@ struct OwnedLeaf {
   std::vector<std::byte> bytes;
 };
 
-std::vector<std::byte> random_bytes(size_t n, uint64_t seed) {
-  std::vector<std::byte> v(n);
-  std::mt19937_64 rng(seed);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>(rng());
-  return v;
-}
+using testutil::random_bytes;
 
 OwnedLeaf make_leaf(std::string prefix, std::string path, DType dtype, Shape shape, uint64_t seed) {
   size_t n = checked_num_bytes(shape, dtype_size(dtype)).value();

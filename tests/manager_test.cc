@@ -16,6 +16,7 @@
 #include "backends/local/local_storage.h"
 #include "backends/memory/memory_storage.h"
 #include "ckptio/ckptio.h"
+#include "src/crc32c.h"
 #include "src/staging.h"
 
 namespace ckptio {
@@ -652,6 +653,38 @@ TEST(ManagerGranularityTest, ChunksFollowALargeWriteGranularityInBothStagingMode
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     expect_restored(*r, want);
     EXPECT_TRUE(m->verify(1).ok());
+  }
+}
+
+TEST(Crc32cTest, CombineJoinsPiecesInOrder) {
+  // The standard check value, and every split of a buffer joined back.
+  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
+  const auto bytes = random_bytes(3000, 99);
+  const uint32_t whole = crc32c(bytes.data(), bytes.size());
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{7}, size_t{1024}, size_t{2999}, size_t{3000}}) {
+    const uint32_t a = crc32c(bytes.data(), cut);
+    const uint32_t b = crc32c(bytes.data() + cut, bytes.size() - cut);
+    EXPECT_EQ(crc32c_combine(a, b, bytes.size() - cut), whole) << cut;
+  }
+  // Three pieces, joined left to right as the save worker does.
+  uint32_t acc = 0;
+  for (auto [at, n] : {std::pair<size_t, size_t>{0, 100}, {100, 2000}, {2100, 900}})
+    acc = crc32c_combine(acc, crc32c(bytes.data() + at, n), n);
+  EXPECT_EQ(acc, whole);
+}
+
+TEST(CrewTest, RunsOnTheCallerAndEveryHelper) {
+  Crew crew(3);
+  EXPECT_EQ(crew.size(), 4u);
+  for (int round = 0; round < 50; ++round) {
+    std::atomic<int> calls{0}, work{0};
+    std::atomic<int> next{0};
+    crew.run([&] {
+      ++calls;
+      while (next.fetch_add(1) < 1000) ++work;
+    });
+    EXPECT_EQ(calls.load(), 4);
+    EXPECT_EQ(work.load(), 1000);
   }
 }
 

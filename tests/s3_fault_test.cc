@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "testutil/random_bytes.h"
 #include "ckptio/ckptio.h"
 #include "testutil/s3_server.h"
 #include "testutil/s3_store.h"
@@ -21,15 +22,7 @@ namespace {
 
 using testutil::kS3TestPart;
 
-std::vector<std::byte> random_bytes(size_t n, uint64_t seed) {
-  std::vector<std::byte> v(n);
-  std::mt19937_64 rng(seed);
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t x = rng();
-    std::memcpy(&v[i], &x, std::min<size_t>(8, n - i));
-  }
-  return v;
-}
+using testutil::random_bytes;
 
 class S3MotoFaulty : public ::testing::Test {
  protected:

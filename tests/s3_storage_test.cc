@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "testutil/random_bytes.h"
 #include "backends/s3/s3_storage.h"
 #include "ckptio/ckptio.h"
 #include "testutil/conformance.h"
@@ -45,15 +46,7 @@ INSTANTIATE_TEST_SUITE_P(S3S3rver, StorageConformanceTest,
 
 namespace {
 
-std::vector<std::byte> random_bytes(size_t n, uint64_t seed) {
-  std::vector<std::byte> v(n);
-  std::mt19937_64 rng(seed);
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t x = rng();
-    std::memcpy(&v[i], &x, std::min<size_t>(8, n - i));
-  }
-  return v;
-}
+using testutil::random_bytes;
 
 class S3Test : public ::testing::TestWithParam<std::string> {
  protected:

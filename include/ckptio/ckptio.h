@@ -4,6 +4,7 @@
 #include "ckptio/copy.h"
 #include "ckptio/index.h"
 #include "ckptio/manager.h"
+#include "ckptio/sharding.h"
 #include "ckptio/status.h"
 #include "ckptio/storage.h"
 #include "ckptio/types.h"

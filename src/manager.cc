@@ -128,11 +128,19 @@ void SaveHandle::State::set_released() {
   cv.notify_all();
 }
 
+void SaveHandle::State::set_stall(double seconds) {
+  std::lock_guard lock(mu);
+  stats.stall_seconds = seconds;
+  stall_known = true;
+}
+
 void SaveHandle::State::finish(Status st, const SaveStats& s) {
   {
     std::lock_guard lock(mu);
     status = std::move(st);
+    const double stall = stats.stall_seconds;
     stats = s;
+    if (stall_known) stats.stall_seconds = stall;
     released = true;
     done = true;
   }
@@ -154,7 +162,7 @@ struct SaveJob {
   bool copy_mode = true;
   Clock::time_point started;
   int64_t created_unix_ns = 0;
-  double stall_seconds = 0;
+  std::atomic<double> stall_seconds{0};  // set by save() as it returns
   std::shared_ptr<SaveHandle::State> handle;
   std::atomic<bool> failed{false};
 
@@ -237,7 +245,8 @@ CheckpointManager::CheckpointManager(std::shared_ptr<Storage> storage, ManagerOp
   // further core, up to four copiers): the copy is memory-bound, and more
   // than a few threads buy nothing.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  impl_->crew = std::make_unique<Crew>(std::min(cores, 4u) - 1);
+  const bool copies = options_.staging == StagingMode::kCopy;
+  impl_->crew = std::make_unique<Crew>(copies ? std::min(cores, 4u) - 1 : 0);
   impl_->worker = std::thread([this] { impl_->worker_loop(); });
 }
 
@@ -366,7 +375,10 @@ Result<SaveHandle> CheckpointManager::save(int64_t step, const std::vector<LeafV
     job->producer_finished(job->next_claim);
     job->handle->set_released();
   }
+  // The worker may already be done with a small save: the handle keeps the
+  // stall whichever of the two writes its stats first.
   job->stall_seconds = seconds_since(t0);
+  job->handle->set_stall(job->stall_seconds);
   return SaveHandle(job->handle);
 }
 

@@ -23,10 +23,12 @@ struct SaveHandle::State {
   mutable std::condition_variable cv;
   bool done = false;
   bool released = false;
+  bool stall_known = false;  // save() returned and set stats.stall_seconds
   Status status;
   SaveStats stats;
 
   void set_released();
+  void set_stall(double seconds);
   void finish(Status st, const SaveStats& s);
 };
 

@@ -3,11 +3,13 @@
 // One io_uring per Storage (backends/local/ring.h), shared by every writer
 // and every direct read, with a single completion thread and at most
 // queue_depth operations in flight (write_async blocks beyond that).
-// Writes: O_DIRECT from the core's 4096-aligned staging buffers when the file
-// system allows it (else buffered; direct_io "on" fails instead), into a
-// temporary beside the key, split into request_size SQEs; finish() trims,
-// fsyncs through the ring and renames the temporary over the key
-// (writer.cc). Reads (StorageOptions::read_mode): "direct" = O_DIRECT through
+// Writes: O_DIRECT from 4096-aligned memory (the core's staging buffers, or
+// in borrow mode the caller's own arrays) when the file system allows it
+// (else buffered; direct_io "on" fails instead), into a temporary beside the
+// key, split into request_size SQEs; finish() trims, fsyncs through the ring
+// and renames the temporary over the key (writer.cc). write_granularity() is
+// 4096 (1 with direct_io "off"), so the core cuts its ranges to 4096 before
+// it knows whether a file system will take O_DIRECT. Reads (StorageOptions::read_mode): "direct" = O_DIRECT through
 // the ring, zero-copy when dst and offset agree modulo read_alignment() (4096);
 // "buffered" = pread()s on a few threads with kernel readahead. Defaults,
 // measured on the CI machine (tests/local_storage_test.cc LocalStorageBench):

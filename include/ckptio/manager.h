@@ -40,7 +40,10 @@ enum class StagingMode {
   kCopy,
   // Zero copy on the caller's thread: save() returns after planning; the
   // engine reads the caller's buffers in the background. The caller promises
-  // they stay alive and unchanged until SaveHandle::released().
+  // they stay alive and unchanged until SaveHandle::released(). Large shards
+  // are written straight from them (direct I/O reads the caller's memory in
+  // place, so it must be ordinary host memory); the rest goes through the
+  // staging pool.
   kBorrow,
 };
 
@@ -64,7 +67,10 @@ struct ManagerOptions {
   std::string step_format = "run-{step}";
   StagingMode staging = StagingMode::kCopy;
   // Upper bound on staging memory (copy mode's pool, borrow mode's bounce
-  // buffers). Peak extra memory of a save stays within it.
+  // buffers). Peak extra memory of a save stays within it. The pool is kept
+  // for later saves; copy mode grows it at a save's start to what the state
+  // needs (at most this), so save() never waits for the disk when the budget
+  // holds the state.
   uint64_t staging_budget = 1ull << 30;
   // Bytes per write request; 0 = 8 MiB (measured on local disk, see README).
   // Rounded up to the backend's write granularity (S3: the part size).

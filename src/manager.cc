@@ -274,6 +274,7 @@ Result<SaveHandle> CheckpointManager::save(int64_t step, const std::vector<LeafV
   const int64_t created = unix_ns_now();
   if (step < 0) return invalid_argument("step must be >= 0, got " + std::to_string(step));
   CKPTIO_RETURN_IF_ERROR(validate_leaves(state));
+  if (!options.metadata_json.empty()) CKPTIO_RETURN_IF_ERROR(check_metadata_json(options.metadata_json));
   if (options.float_dtype && !dtype_is_float(*options.float_dtype))
     return invalid_argument("float_dtype must be a float dtype");
 

@@ -228,9 +228,40 @@ Status validate_leaf(const LeafView& leaf) {
 
 }  // namespace
 
+namespace {
+
+// Strict UTF-8 (no overlong forms, surrogates or code points past U+10FFFF),
+// as the index reader demands of every name.
+bool valid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = 0;
+    uint32_t cp = 0, min = 0;
+    if (c < 0x80) { ++i; continue; }
+    if ((c & 0xE0) == 0xC0) { n = 1; cp = c & 0x1F; min = 0x80; }
+    else if ((c & 0xF0) == 0xE0) { n = 2; cp = c & 0x0F; min = 0x800; }
+    else if ((c & 0xF8) == 0xF0) { n = 3; cp = c & 0x07; min = 0x10000; }
+    else return false;
+    for (size_t k = 1; k <= n; ++k) {
+      if (i + k >= s.size()) return false;
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
+}  // namespace
+
 Status validate_leaves(const std::vector<LeafView>& leaves) {
   std::set<std::pair<std::string_view, std::string_view>> seen;
   for (const LeafView& leaf : leaves) {
+    if (!valid_utf8(leaf.prefix) || !valid_utf8(leaf.path))
+      return invalid_argument("leaf names must be valid UTF-8 (the index stores them as JSON strings)");
     CKPTIO_RETURN_IF_ERROR(validate_leaf(leaf));
     if (!seen.emplace(leaf.prefix, leaf.path).second)
       return invalid_argument("leaf '" + leaf.prefix + "/" + leaf.path + "' appears twice");

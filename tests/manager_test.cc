@@ -135,6 +135,31 @@ TEST_P(ManagerTest, SaveCommitRestoreLatest) {
   EXPECT_EQ(r->stats.bytes_needed, h->stats().bytes);
 }
 
+// Bad metadata and names that no index can hold are refused by save() itself,
+// before any byte is written, rather than by the parse-back before commit.
+TEST_P(ManagerTest, SaveRefusesBadMetadataAndNonUtf8NamesUpFront) {
+  auto m = manager();
+  int32_t x = 1;
+  std::vector<LeafView> ok = {LeafView::full("model", "w", DType::kInt32, {}, &x)};
+  for (const char* bad : {"[1,2]", "{\"a\": ", "{\"a\":1,\"a\":2}", "not json"}) {
+    auto h = m->save(1, ok, {.metadata_json = bad});
+    EXPECT_EQ(h.status().code(), Code::kInvalidArgument) << bad << ": " << h.status().to_string();
+  }
+  for (std::string name : {std::string("w\xff"), std::string("\xc0\xaf"), std::string("\xed\xa0\x80"),
+                           std::string("a\xe2\x82")}) {
+    std::vector<LeafView> leaves = {LeafView::full("model", name, DType::kInt32, {}, &x)};
+    auto h = m->save(1, leaves);
+    EXPECT_EQ(h.status().code(), Code::kInvalidArgument) << h.status().to_string();
+  }
+  auto listed = faults_->list("", false);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_TRUE(listed->objects.empty()) << "nothing may be written: " << listed->objects[0].key;
+  std::vector<LeafView> utf8 = {LeafView::full("model", "naïve.文件", DType::kInt32, {}, &x)};
+  auto h = m->save(2, utf8, {.metadata_json = R"({"pos": 3})"});
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  EXPECT_TRUE(h->wait().ok());
+}
+
 TEST_P(ManagerTest, BorrowModeAndTinyPoolRoundTrip) {
   for (StagingMode mode : {StagingMode::kCopy, StagingMode::kBorrow}) {
     ManagerOptions o;

@@ -409,6 +409,27 @@ TEST(S3Config, MalformedFilesNameTheFileNotTheSecret) {
   EXPECT_NE(p.status().message().find("profile default"), std::string::npos);
 }
 
+// Found by fuzz/aws_config_fuzz.cc (fuzz/corpus/aws_config/crash-*): file
+// paths come from the environment (AWS_CONFIG_FILE, HOME) and went into
+// messages raw, so a CR or LF in them could forge log lines.
+TEST(S3Config, PathsAndProfilesInMessagesArePrintable) {
+  Fakes f;
+  f.env = {{"AWS_CONFIG_FILE", "/tmp/a\rb"}};
+  f.files["/tmp/a\rb"] = "not ini\n";
+  auto c = f.resolve();
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message().find_first_of("\r\n"), std::string::npos) << c.status().message();
+  EXPECT_NE(c.status().message().find("/tmp/a\\x0Db"), std::string::npos) << c.status().message();
+
+  Fakes g;
+  g.env = {{"HOME", "/h\n"}, {"AWS_PROFILE", "evil\nname"}};
+  c = g.resolve();
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message().find_first_of("\r\n"), std::string::npos) << c.status().message();
+  EXPECT_NE(c.status().message().find("not found in /h\\x0A/.aws/credentials"), std::string::npos)
+      << c.status().message();
+}
+
 TEST(S3Config, IgnoreConfiguredEndpoints) {
   Fakes f;
   f.env = {{"AWS_ENDPOINT_URL_S3", "http://local:9000"}, {"AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "true"},

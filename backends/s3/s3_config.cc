@@ -351,7 +351,7 @@ Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& get
     std::optional<std::string> text = read_file(*path);
     if (!text) return AwsIni{};
     Result<AwsIni> ini = parse_aws_ini(*text, kind);
-    if (!ini.ok()) return ini.status().annotate("AWS file " + *path);
+    if (!ini.ok()) return ini.status().annotate("AWS file " + printable(*path));
     return ini;
   };
   CKPTIO_ASSIGN_OR_RETURN(const AwsIni config_ini, load(config_path, AwsIniKind::kConfig));
@@ -368,14 +368,15 @@ Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& get
   }
   if (named_profile && !profile_found)
     return invalid_argument("AWS profile '" + printable(profile) + "' not found in " +
-                            (creds_path ? *creds_path : std::string("(no credentials file)")) +
-                            " or " + (config_path ? *config_path : std::string("(no config file)")));
+                            (creds_path ? printable(*creds_path) : std::string("(no credentials file)")) +
+                            " or " + (config_path ? printable(*config_path) : std::string("(no config file)")));
   auto from_profile = [&](const std::string& key) -> std::optional<std::string> {
     auto it = prof.find(key);
     if (it == prof.end() || it->second.empty()) return std::nullopt;
     return it->second;
   };
-  const std::string profile_source = "profile " + profile;
+  // Paths and profile names come from the environment: printable in messages.
+  const std::string profile_source = "profile " + printable(profile);
 
   S3Config c;
 

@@ -28,9 +28,13 @@
 namespace ckptio {
 
 AttemptPaths plan_attempt(const Storage& storage, const std::string& final_dir) {
+  return plan_attempt(storage, final_dir, new_attempt_id());
+}
+
+AttemptPaths plan_attempt(const Storage& storage, const std::string& final_dir, const std::string& attempt) {
   AttemptPaths p;
   p.final_dir = final_dir;
-  p.attempt = new_attempt_id();
+  p.attempt = attempt;
   p.renames = storage.caps().atomic_rename;
   p.stage_dir = p.renames ? final_dir + ".tmp-" + p.attempt : final_dir;
   return p;

@@ -17,6 +17,8 @@ struct AttemptPaths {
 };
 
 AttemptPaths plan_attempt(const Storage& storage, const std::string& final_dir);
+// The same with a given attempt id (a multi-process save's shared one).
+AttemptPaths plan_attempt(const Storage& storage, const std::string& final_dir, const std::string& attempt);
 
 // Makes the staged step visible at its final name. Every data object must be
 // durable already. `overwrite` replaces a committed step atomically.

@@ -199,7 +199,7 @@ struct Problem {
   std::string what;
 };
 
-std::optional<Problem> check_exact_cover(const LeafRecord& leaf);
+std::optional<Problem> check_exact_cover(const LeafRecord& leaf, bool partial);
 
 // ---- Stage 2: the streaming reader ------------------------------------------
 
@@ -724,7 +724,7 @@ bool IndexReader::finish_leaf() {
     if (__builtin_add_overflow(total_bytes_, s.length, &total_bytes_))
       return fail_at(at + ".length", "the index's total of shard lengths overflows 64 bits");
   }
-  if (auto problem = check_exact_cover(l)) return fail_at(".shards" + problem->where, problem->what);
+  if (auto problem = check_exact_cover(l, limits_.partial_cover)) return fail_at(".shards" + problem->where, problem->what);
   return true;
 }
 
@@ -942,7 +942,7 @@ OverlapCheck find_overlap(const std::vector<const Box*>& boxes, const Shape& sha
   }
 }
 
-std::optional<Problem> check_exact_cover(const LeafRecord& leaf) {
+std::optional<Problem> check_exact_cover(const LeafRecord& leaf, bool partial) {
   const uint64_t volume = *checked_num_bytes(leaf.shape);  // fits: checked with the itemsize
   if (leaf.shards.size() == 1 && box_volume(leaf.shards[0].box) == volume) return std::nullopt;
   uint64_t covered = 0;
@@ -958,7 +958,7 @@ std::optional<Problem> check_exact_cover(const LeafRecord& leaf) {
     boxes.push_back(&leaf.shards[i].box);
     shard_of.push_back(i);
   }
-  if (covered < volume)
+  if (covered < volume && !partial)
     return Problem{"", "shards leave a hole: their boxes hold " + std::to_string(covered) +
                            " of the leaf's " + std::to_string(volume) + " elements"};
   const OverlapCheck o = find_overlap(boxes, leaf.shape);
@@ -967,7 +967,7 @@ std::optional<Problem> check_exact_cover(const LeafRecord& leaf) {
     case OverlapCheck::kOverlap:
       return Problem{"[" + std::to_string(shard_of[o.b]) + "]",
                      "box overlaps that of shards[" + std::to_string(shard_of[o.a]) +
-                         "] (and so the shards leave a hole too)"};
+                         (partial ? "]" : "] (and so the shards leave a hole too)")};
     case OverlapCheck::kTooIrregular:
       return Problem{"", "shard layout too irregular to verify: its compressed grid has more than " +
                              std::to_string(kMaxGridCells) + " cells"};

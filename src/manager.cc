@@ -39,6 +39,7 @@
 #include "src/cast.h"
 #include "src/commit.h"
 #include "src/crc32c.h"
+#include "src/group_commit.h"
 #include "src/layout.h"
 #include "src/manager_impl.h"
 #include "src/staging.h"
@@ -155,6 +156,8 @@ struct SaveJob {
   std::vector<Buffer> owned;  // cast copies the leaves point into
   SaveOptions options;
   AttemptPaths paths;
+  std::string data_file;  // name of this process's data file in the step
+  bool group = false;     // a multi-process save (ManagerOptions::processes)
   SavePlan plan;
   std::vector<WriteRange> ranges;  // the data file's write requests, in order
   uint64_t chunk = 0;
@@ -273,7 +276,10 @@ Result<SaveHandle> CheckpointManager::save(int64_t step, const std::vector<LeafV
   const auto t0 = Clock::now();
   const int64_t created = unix_ns_now();
   if (step < 0) return invalid_argument("step must be >= 0, got " + std::to_string(step));
-  CKPTIO_RETURN_IF_ERROR(validate_leaves(state));
+  const ProcessGroup& group = options_.processes;
+  CKPTIO_RETURN_IF_ERROR(check_process_group(group));
+  const bool multi = group.count > 1;
+  CKPTIO_RETURN_IF_ERROR(validate_leaves(state, /*partial=*/multi));
   if (!options.metadata_json.empty()) CKPTIO_RETURN_IF_ERROR(check_metadata_json(options.metadata_json));
   if (options.float_dtype && !dtype_is_float(*options.float_dtype))
     return invalid_argument("float_dtype must be a float dtype");
@@ -309,7 +315,20 @@ Result<SaveHandle> CheckpointManager::save(int64_t step, const std::vector<LeafV
   job->created_unix_ns = created;
   job->handle = std::make_shared<SaveHandle::State>();
   job->handle->step = step;
-  job->paths = plan_attempt(*storage_, final_dir);
+  if (multi) {
+    // Every process names this attempt alike (see src/group_commit.cc).
+    uint64_t n = 0;
+    {
+      std::lock_guard lock(impl_->mu);
+      n = impl_->group_saves[step]++;
+    }
+    job->paths = plan_attempt(*storage_, final_dir, group_attempt_id(group.run_id, step, n));
+    job->data_file = group_data_file(job->paths.attempt, group.index);
+    job->group = true;
+  } else {
+    job->paths = plan_attempt(*storage_, final_dir);
+    job->data_file = data_file_name(job->paths.attempt, 0);
+  }
   job->chunk = impl_->chunk;
 
   // eformer's float_dtype: cast float leaves now, into owned buffers.
@@ -401,7 +420,7 @@ Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& 
                                            double& write_seconds) {
   Storage& storage = owner->storage();
   const auto t0 = Clock::now();
-  const std::string key = job.paths.stage_dir + "/" + data_file_name(job.paths.attempt, 0);
+  const std::string key = job.paths.stage_dir + "/" + job.data_file;
   auto created = storage.create(key, job.plan.total);
   if (!created.ok()) {
     job.failed = true;
@@ -517,24 +536,66 @@ Index CheckpointManager::Impl::build_index(const SaveJob& job, const std::vector
   index.created_unix_ns = job.created_unix_ns;
   index.committed_unix_ns = unix_ns_now();
   index.metadata_json = job.options.metadata_json.empty() ? "{}" : job.options.metadata_json;
-  const std::string file = data_file_name(job.paths.attempt, 0);
+  const std::string& file = job.data_file;
   index.files.push_back({file, job.plan.total});
+  // Every leaf, in the caller's order, also one without shards (a process
+  // of a multi-process save that writes none of it; a zero-size leaf).
   std::map<std::string, size_t> prefix_at;
-  for (const PlannedShard& ps : job.plan.shards) {
-    const LeafView& leaf = job.leaves[ps.leaf];
+  std::vector<std::pair<size_t, size_t>> where(job.leaves.size());  // (prefix, leaf) positions
+  for (size_t i = 0; i < job.leaves.size(); ++i) {
+    const LeafView& leaf = job.leaves[i];
     auto [it, fresh] = prefix_at.emplace(leaf.prefix, index.prefixes.size());
     if (fresh) index.prefixes.push_back(PrefixRecord{leaf.prefix, {}});
     auto& leaves = index.prefixes[it->second].leaves;
-    if (ps.shard == 0) leaves.push_back(LeafRecord{leaf.path, leaf.dtype, leaf.shape, {}});
+    where[i] = {it->second, leaves.size()};
+    leaves.push_back(LeafRecord{leaf.path, leaf.dtype, leaf.shape, {}});
+  }
+  for (const PlannedShard& ps : job.plan.shards) {
+    const LeafView& leaf = job.leaves[ps.leaf];
     ShardRecord rec;
     rec.box = leaf.shards[ps.shard].box;
     rec.file = file;
     rec.offset = ps.offset;
     rec.length = ps.length;
     rec.crc32c = crcs[&ps - job.plan.shards.data()];
-    leaves.back().shards.push_back(std::move(rec));
+    index.prefixes[where[ps.leaf].first].leaves[where[ps.leaf].second].shards.push_back(std::move(rec));
   }
   return index;
+}
+
+Status CheckpointManager::Impl::commit_group(SaveJob& job, const std::vector<uint32_t>& crcs, Status own,
+                                             double& commit_seconds) {
+  const auto t0 = Clock::now();
+  Storage& storage = owner->storage();
+  const ProcessGroup& group = owner->options().processes;
+  const GroupSave g{storage, group, job.paths, job.step};
+  Status st = publish_manifest(g, own.ok() ? build_index(job, crcs) : Index{}, own);
+  if (group.index != 0) {
+    Status outcome = await_outcome(g);
+    commit_seconds = seconds_since(t0);
+    if (!own.ok()) return own;
+    return st.ok() ? outcome : st;
+  }
+  if (!own.ok()) st = own;
+  if (st.ok()) {
+    auto merged = gather_manifests(g);
+    if (merged.ok()) {
+      Index& index = *merged;
+      index.step = job.step;
+      index.created_unix_ns = job.created_unix_ns;
+      index.committed_unix_ns = unix_ns_now();
+      index.metadata_json = job.options.metadata_json.empty() ? "{}" : job.options.metadata_json;
+      std::string json = serialize_index(index);
+      auto check = parse_index(json);
+      st = check.ok() ? commit_attempt(storage, job.paths, json, job.options.overwrite)
+                      : check.status().annotate("internal: merged index fails to parse");
+    } else {
+      st = merged.status();
+    }
+  }
+  announce_outcome(g, st);
+  commit_seconds = seconds_since(t0);
+  return st;
 }
 
 void CheckpointManager::Impl::run_job(SaveJob& job) {
@@ -545,7 +606,9 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
 
   std::vector<uint32_t> crcs;
   Status st = write_data(job, crcs, stats.write_seconds);
-  if (st.ok()) {
+  if (job.group) {
+    st = commit_group(job, crcs, st, stats.commit_seconds);
+  } else if (st.ok()) {
     const auto t0 = Clock::now();
     std::string json = serialize_index(build_index(job, crcs));
     // The index we write must be one we can read back: never commit a step
@@ -556,7 +619,10 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
     stats.commit_seconds = seconds_since(t0);
   }
   if (!st.ok()) {
-    discard_attempt(storage, job.paths, {data_file_name(job.paths.attempt, 0)});
+    if (job.group)  // the staging directory is shared: only this process's file
+      (void)storage.remove(job.paths.stage_dir + "/" + job.data_file);
+    else
+      discard_attempt(storage, job.paths, {job.data_file});
     st = st.annotate("save step " + std::to_string(job.step));
     spdlog::error("ckptio: {}", st.to_string());
   } else {
@@ -570,7 +636,9 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
   // waited on the handle knows its callback has run.
   if (owner->options().on_commit) owner->options().on_commit(CommitEvent{job.step, st, stats});
   job.handle->finish(st, stats);
-  if (st.ok() && (owner->options().max_to_keep > 0 || owner->options().keep_every > 0)) {
+  // Retention is the committer's job: process 0 of a group.
+  if (st.ok() && owner->options().processes.index == 0 &&
+      (owner->options().max_to_keep > 0 || owner->options().keep_every > 0)) {
     Status r = owner->apply_retention(owner->options().max_to_keep, owner->options().keep_every);
     if (!r.ok()) spdlog::warn("ckptio: retention after step {}: {}", job.step, r.to_string());
   }

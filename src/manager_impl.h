@@ -3,6 +3,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -51,12 +52,16 @@ struct CheckpointManager::Impl {
   Status first_error;
   std::set<std::string> attempts_in_flight;
   std::multiset<int64_t> restoring;
+  std::map<int64_t, uint64_t> group_saves;  // multi-process saves begun, per step
 
   void worker_loop();
   void run_job(SaveJob& job);
   Status write_data(SaveJob& job, std::vector<uint32_t>& crcs, double& write_seconds);
   void drain_ready(SaveJob& job);
   Index build_index(const SaveJob& job, const std::vector<uint32_t>& crcs);
+  // A multi-process save after this process's writes (`own`): manifest,
+  // then the coordinator merges and commits, the others learn the outcome.
+  Status commit_group(SaveJob& job, const std::vector<uint32_t>& crcs, Status own, double& commit_seconds);
 
   // Index of a step directory: nullopt if it has none (not committed).
   Result<std::optional<Index>> load_index(const std::string& dir);

@@ -186,7 +186,7 @@ bool boxes_intersect(const Box& a, const Box& b) {
   return true;
 }
 
-Status validate_leaf(const LeafView& leaf) {
+Status validate_leaf(const LeafView& leaf, bool partial) {
   const std::string name = leaf.prefix + "/" + leaf.path;
   if (leaf.prefix.empty() || leaf.path.empty())
     return invalid_argument("leaf '" + name + "': prefix and path must be non-empty");
@@ -199,7 +199,8 @@ Status validate_leaf(const LeafView& leaf) {
   if (!total)
     return invalid_argument("leaf '" + name + "': shape " + shape_to_string(leaf.shape) +
                             " is negative or overflows 64 bits");
-  if (leaf.shards.empty()) return invalid_argument("leaf '" + name + "' has no shards");
+  if (leaf.shards.empty() && *total != 0 && !partial)
+    return invalid_argument("leaf '" + name + "' has no shards");
   uint64_t covered = 0;
   for (size_t i = 0; i < leaf.shards.size(); ++i) {
     const Box& b = leaf.shards[i].box;
@@ -220,7 +221,7 @@ Status validate_leaf(const LeafView& leaf) {
       if (boxes_intersect(leaf.shards[i].box, leaf.shards[j].box))
         return invalid_argument("leaf '" + name + "': shards " + std::to_string(i) + " and " +
                                 std::to_string(j) + " overlap");
-  if (covered != *total)
+  if (covered != *total && !partial)
     return invalid_argument("leaf '" + name + "': shards do not cover the whole shape " +
                             shape_to_string(leaf.shape));
   return Status::OK();
@@ -257,12 +258,12 @@ bool valid_utf8(std::string_view s) {
 
 }  // namespace
 
-Status validate_leaves(const std::vector<LeafView>& leaves) {
+Status validate_leaves(const std::vector<LeafView>& leaves, bool partial) {
   std::set<std::pair<std::string_view, std::string_view>> seen;
   for (const LeafView& leaf : leaves) {
     if (!valid_utf8(leaf.prefix) || !valid_utf8(leaf.path))
       return invalid_argument("leaf names must be valid UTF-8 (the index stores them as JSON strings)");
-    CKPTIO_RETURN_IF_ERROR(validate_leaf(leaf));
+    CKPTIO_RETURN_IF_ERROR(validate_leaf(leaf, partial));
     if (!seen.emplace(leaf.prefix, leaf.path).second)
       return invalid_argument("leaf '" + leaf.prefix + "/" + leaf.path + "' appears twice");
   }

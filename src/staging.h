@@ -159,6 +159,8 @@ class StreamCursor {
 
 // Checks the leaves handed to save(): names, dtypes, shapes, and that the
 // shards of each leaf lie inside it and cover it exactly once.
-Status validate_leaves(const std::vector<LeafView>& leaves);
+// With `partial` (a process of a multi-process save), a leaf's shards must
+// be disjoint but need not cover it, and a leaf may have none.
+Status validate_leaves(const std::vector<LeafView>& leaves, bool partial = false);
 
 }  // namespace ckptio

@@ -72,6 +72,10 @@ struct IndexLimits {
   uint32_t max_rank = 32;
   uint64_t max_leaves = 10'000'000;
   uint64_t max_shards_per_leaf = 1'000'000;
+  // A manifest of one process in a multi-process save (src/manifest.h): the
+  // shards of a leaf must still be disjoint, but may leave holes (other
+  // processes write the rest). Never set for a step's index.
+  bool partial_cover = false;
 };
 
 Result<Index> parse_index(std::string_view json, const IndexLimits& limits = {});

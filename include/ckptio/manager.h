@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "ckptio/index.h"
+#include "ckptio/sharding.h"
 #include "ckptio/status.h"
 #include "ckptio/storage.h"
 #include "ckptio/types.h"
@@ -61,6 +62,44 @@ struct CommitEvent {
   SaveStats stats;
 };
 
+// Multi-process save (docs/multiprocess.md). N processes save the same step
+// to the same base: each writes its own data file and a manifest of the
+// shards it wrote; process 0, the coordinator, waits until every manifest is
+// present, proves that the shards of every leaf cover it exactly once, writes
+// the step's index and commits. Every process's save handle and on_commit
+// learn the outcome. A process that dies mid-save leaves the step uncommitted
+// (the coordinator times out and fails it); the previous latest stays intact.
+//
+// A barrier a trainer supplies (a JAX distributed client's wait_at_barrier).
+// wait(name) returns once all processes of the group called wait(name), or
+// an error (kUnavailable on timeout). ckptio calls it from the manager's
+// worker thread, with names unique per save attempt, in the same order on
+// every process.
+class SaveBarrier {
+ public:
+  virtual ~SaveBarrier() = default;
+  virtual Status wait(const std::string& name, double timeout_seconds) = 0;
+};
+
+struct ProcessGroup {
+  int index = 0;  // this process, in [0, count); process 0 commits
+  int count = 1;  // 1: a single-process save, nothing below is used
+  // An id every process of this run shares and no earlier run of the job
+  // used: a launcher's job id plus its restart count, or a value process 0
+  // broadcast. Save attempts are named from it and from a count of saves, so
+  // that a restarted job never mixes its files with a dead run's. Required
+  // when count > 1 (safe-name characters: letters, digits, '-', '_', '.').
+  std::string run_id;
+  // Null: the default, which polls the storage (the coordinator lists the
+  // manifests; the others read the step's index or the coordinator's
+  // failure record).
+  std::shared_ptr<SaveBarrier> barrier;
+  // How long the coordinator waits for the last manifest, and the others
+  // for the outcome, before the save fails.
+  double timeout_seconds = 600;
+  double poll_seconds = 0.05;  // the default barrier's listing interval
+};
+
 struct ManagerOptions {
   // Step directory name; "{step}" is replaced by the decimal step number.
   // "run-{step}" is eformer's naming, "{step}" Orbax's.
@@ -86,6 +125,8 @@ struct ManagerOptions {
   // SaveHandle::wait() returns, the callback has run). It must not wait on
   // that handle.
   std::function<void(const CommitEvent&)> on_commit;
+  // This process's place in a multi-process save (see ProcessGroup).
+  ProcessGroup processes;
 };
 
 struct SaveOptions {
@@ -118,7 +159,10 @@ struct Selection {
 };
 
 struct RestoreStats {
-  uint64_t bytes_needed = 0;  // payload bytes of the selected leaves
+  // Payload bytes of the selected leaves; for a sharded restore, the distinct
+  // bytes this process's devices hold (a box replicated on two local
+  // devices counts once).
+  uint64_t bytes_needed = 0;
   uint64_t bytes_read = 0;    // bytes requested from storage
   uint64_t requests = 0;
   double seconds = 0;
@@ -143,6 +187,28 @@ struct RestoreOptions {
     uint64_t size = 0;
   };
   std::vector<Destination> into;
+  // Restore into a sharding: when set, every selected leaf comes back as one
+  // buffer per local device holding exactly that device's box
+  // (Tensor::device_shards; Tensor::data stays empty), whatever sharding and
+  // process count saved it. Only the bytes the local boxes need are read,
+  // each once (docs/read-planning.md). `into` does not apply.
+  struct Sharding {
+    Mesh mesh;
+    // A leaf gets the spec of its entry in `leaves` if it has one, else the
+    // first rule of `rules` that matches (eformer's semantics, RuleOptions).
+    std::vector<LeafSharding> leaves;
+    PartitionRules rules;
+    RuleOptions rule_options;
+    // This process's devices (ids of `mesh`); empty: every device.
+    std::vector<int64_t> devices;
+    // Restore may target shardings JAX would refuse (a 3-way split of 4096):
+    // XLA's padded tiling by default (see sharding.h).
+    Uneven uneven = Uneven::kPad;
+  };
+  std::optional<Sharding> sharding;
+  // Two needed byte ranges of a data file at most this far apart are read as
+  // one request; nullopt: 4 KiB on local disk, 1 MiB on object stores.
+  std::optional<uint64_t> coalesce_gap;
 };
 
 struct RestoredState {

@@ -194,6 +194,29 @@ struct UniqueShard {
 Result<std::vector<UniqueShard>> unique_shards(const NamedSharding& sharding, const Shape& shape,
                                                Uneven uneven = Uneven::kReject);
 
+// ---- Saving a sharded leaf -------------------------------------------------------
+
+// One local device's buffer of a leaf: the C-order bytes of the box
+// devices_indices_map gives that device.
+struct DeviceData {
+  int64_t device_id = 0;
+  const void* data = nullptr;
+};
+
+// The LeafView a process passes to save() for a leaf laid out as `sharding`:
+// one shard per distinct box whose writer (the lowest device id holding it)
+// is among `local`, its bytes taken from that device's buffer; empty boxes
+// are skipped, except that a leaf without elements gets its first box (in
+// unique_shards order) from that box's writer, so that exactly one shard
+// exists for it across all processes (save() wants at least one per leaf).
+// So replicated data is written once across all processes, and
+// a process whose devices write nothing gets a leaf without shards (valid in
+// a multi-process save). Errors: those of validate_sharding, a device in
+// `local` that is not in the mesh or appears twice, a null buffer.
+Result<LeafView> sharded_leaf_view(std::string prefix, std::string path, DType dtype, Shape shape,
+                                   const NamedSharding& sharding, const std::vector<DeviceData>& local,
+                                   Uneven uneven = Uneven::kReject);
+
 // ---- Partition rules (eformer's match_partition_rules) -----------------------
 
 struct PartitionRule {

@@ -60,8 +60,11 @@ struct ShardView {
   const void* data = nullptr;
 };
 
-// One leaf handed to save(). This API saves full leaves (one shard
-// covering the whole shape); the index and the reader already handle many.
+// One leaf handed to save(): shards whose boxes cover the shape exactly once
+// (a single process), or, in a multi-process save, the disjoint shards this
+// process writes (sharded_leaf_view() picks them from a sharding: one
+// replica of each box, the lowest device id's); the coordinator checks that
+// all processes' shards together cover every leaf exactly once.
 struct LeafView {
   std::string prefix;
   std::string path;
@@ -99,13 +102,23 @@ class Buffer {
   size_t size_ = 0;
 };
 
-// A restored leaf: the whole global array in C order.
+// One device's part of a leaf restored into a sharding: the box it holds,
+// its bytes in C order. Devices holding the same box share one Buffer.
+struct DeviceShard {
+  int64_t device_id = 0;
+  Box box;
+  Buffer data;
+};
+
+// A restored leaf: the whole global array in C order, or (restore into a
+// sharding) one DeviceShard per local device in mesh order and no `data`.
 struct Tensor {
   std::string prefix;
   std::string path;
   DType dtype = DType::kFloat32;
   Shape shape;
   Buffer data;
+  std::vector<DeviceShard> device_shards;
 };
 
 // What a template expects of a leaf (for restore validation).

@@ -1,0 +1,451 @@
+// Multi-process save (ManagerOptions::processes) with threads standing in
+// for processes: every "process" has its own CheckpointManager over one
+// shared storage, as N hosts over one shared disk or bucket. Real forked
+// processes (and SIGKILL) are exercised through the CLI in
+// cli_sharding_test.cc. Also the manifest format and the cover check.
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "backends/local/local_storage.h"
+#include "backends/memory/memory_storage.h"
+#include "ckptio/ckptio.h"
+#include "src/group_commit.h"
+#include "src/manifest.h"
+#include "testutil/random_bytes.h"
+
+namespace ckptio {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The C-order bytes of `box` cut out of a whole array.
+std::vector<std::byte> cut_box(const std::vector<std::byte>& whole, const Shape& shape, const Box& box,
+                               size_t item) {
+  const size_t r = shape.size();
+  const uint64_t n = checked_num_bytes(box.extent(), item).value();
+  std::vector<std::byte> out(n);
+  if (n == 0) return out;
+  if (r == 0) {
+    std::memcpy(out.data(), whole.data(), item);
+    return out;
+  }
+  std::vector<int64_t> idx(box.start);
+  const uint64_t run = static_cast<uint64_t>(box.stop[r - 1] - box.start[r - 1]) * item;
+  size_t at = 0;
+  for (;;) {
+    uint64_t off = 0;
+    for (size_t d = 0; d < r; ++d) off = off * static_cast<uint64_t>(shape[d]) + idx[d];
+    std::memcpy(out.data() + at, whole.data() + off * item, run);
+    at += run;
+    size_t d = r - 1;
+    for (;;) {
+      if (d == 0) return out;
+      --d;
+      if (++idx[d] < box.stop[d]) break;
+      idx[d] = box.start[d];
+    }
+  }
+}
+
+struct GlobalLeaf {
+  std::string prefix, path;
+  DType dtype;
+  Shape shape;
+  PartitionSpec spec;
+  std::vector<std::byte> bytes;
+};
+
+std::vector<GlobalLeaf> global_state(uint64_t seed) {
+  std::vector<GlobalLeaf> s;
+  auto add = [&](std::string prefix, std::string path, DType dt, Shape shape, PartitionSpec spec) {
+    const size_t n = checked_num_bytes(shape, dtype_size(dt)).value();
+    s.push_back({prefix, path, dt, shape, spec, testutil::random_bytes(n, seed + s.size())});
+  };
+  add("model", "params.w", DType::kFloat32, {64, 48}, PartitionSpec::of({{"dp"}, {"tp"}}));
+  add("model", "params.v", DType::kBFloat16, {16, 8, 6}, PartitionSpec::of({{"dp", "tp"}}));
+  add("model", "params.bias", DType::kFloat32, {48}, PartitionSpec::of({}));  // replicated
+  add("model", "params.empty", DType::kInt32, {0, 8}, PartitionSpec::of({{}, {"tp"}}));
+  add("tx", "count", DType::kInt32, {}, PartitionSpec::of({}));
+  return s;
+}
+
+// The shards process `p` of `procs` writes: the boxes whose lowest-id holder
+// is one of its devices (devices split in contiguous blocks, as JAX does).
+struct ProcessState {
+  std::vector<std::vector<std::byte>> buffers;
+  std::vector<LeafView> leaves;
+};
+
+ProcessState process_state(const std::vector<GlobalLeaf>& state, const Mesh& mesh, int p, int procs) {
+  const int64_t n = static_cast<int64_t>(mesh.num_devices());
+  const int64_t lo = n * p / procs, hi = n * (p + 1) / procs;
+  ProcessState out;
+  out.buffers.reserve(64);
+  for (const GlobalLeaf& g : state) {
+    LeafView v;
+    v.prefix = g.prefix;
+    v.path = g.path;
+    v.dtype = g.dtype;
+    v.shape = g.shape;
+    auto shards = unique_shards(NamedSharding{mesh, g.spec}, g.shape);
+    EXPECT_TRUE(shards.ok()) << shards.status().to_string();
+    for (const UniqueShard& u : *shards) {
+      const uint64_t bytes = checked_num_bytes(u.box.extent(), dtype_size(g.dtype)).value();
+      if (bytes == 0 || u.writer_device_id < lo || u.writer_device_id >= hi) continue;
+      out.buffers.push_back(cut_box(g.bytes, g.shape, u.box, dtype_size(g.dtype)));
+      v.shards.push_back(ShardView{u.box, out.buffers.back().data()});
+    }
+    out.leaves.push_back(std::move(v));
+  }
+  return out;
+}
+
+// A barrier for threads, as a trainer's JAX client barrier would be.
+class ThreadBarrier : public SaveBarrier {
+ public:
+  explicit ThreadBarrier(int n) : barrier_(n) {}
+  Status wait(const std::string& name, double) override {
+    {
+      std::lock_guard lock(mu_);
+      names_.push_back(name);
+    }
+    barrier_.arrive_and_wait();
+    return Status::OK();
+  }
+  std::vector<std::string> names() {
+    std::lock_guard lock(mu_);
+    return names_;
+  }
+
+ private:
+  std::barrier<> barrier_;
+  std::mutex mu_;
+  std::vector<std::string> names_;
+};
+
+enum class Backend { kMemoryPosix, kMemoryObject, kLocal };
+
+class GroupSaveTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    switch (GetParam()) {
+      case Backend::kMemoryPosix: base_ = make_memory_storage(true); break;
+      case Backend::kMemoryObject: base_ = make_memory_storage(false); break;
+      case Backend::kLocal: {
+        dir_ = fs::temp_directory_path() / ("ckptio-group-" + std::to_string(::getpid()) + "-" +
+                                            std::to_string(counter_++));
+        fs::remove_all(dir_);
+        auto s = make_local_storage(dir_.string());
+        ASSERT_TRUE(s.ok()) << s.status().to_string();
+        base_ = *s;
+        break;
+      }
+    }
+    faults_ = make_fault_storage(base_);
+    mesh_ = Mesh::parse("dp=2,tp=4").value();
+  }
+  void TearDown() override {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+
+  ManagerOptions group_options(int p, int procs, double timeout = 30) {
+    ManagerOptions o;
+    o.chunk_size = 64 << 10;
+    o.processes.index = p;
+    o.processes.count = procs;
+    o.processes.run_id = run_id_;
+    o.processes.timeout_seconds = timeout;
+    o.processes.poll_seconds = 0.005;
+    return o;
+  }
+
+  // Runs `procs` processes saving `step`; process p saves `states[p]`
+  // (or nothing, if skip[p]). Returns each process's outcome.
+  // One manager per process, kept for the run as a trainer keeps it (the
+  // attempt id counts each manager's saves of a step).
+  using Managers = std::vector<std::shared_ptr<CheckpointManager>>;
+  Managers managers(const std::vector<ManagerOptions>& options) {
+    Managers m;
+    for (const auto& o : options) m.push_back(std::make_shared<CheckpointManager>(faults_, o));
+    return m;
+  }
+  std::vector<Status> save_all(int64_t step, const std::vector<ProcessState>& states,
+                               std::vector<ManagerOptions> options, const std::vector<bool>& skip = {}) {
+    return save_all(step, states, managers(options), skip);
+  }
+  std::vector<Status> save_all(int64_t step, const std::vector<ProcessState>& states, const Managers& ms,
+                               const std::vector<bool>& skip = {}) {
+    const int procs = static_cast<int>(states.size());
+    std::vector<Status> out(procs);
+    std::vector<std::thread> threads;
+    for (int p = 0; p < procs; ++p) {
+      if (!skip.empty() && skip[p]) {
+        out[p] = Status(Code::kCancelled, "did not take part");
+        continue;
+      }
+      threads.emplace_back([&, p] {
+        auto h = ms[p]->save(step, states[p].leaves, {.metadata_json = R"({"by":"group"})"});
+        out[p] = h.ok() ? h->wait() : h.status();
+      });
+    }
+    for (auto& t : threads) t.join();
+    return out;
+  }
+
+  std::vector<ManagerOptions> options_for(int procs, double timeout = 30) {
+    std::vector<ManagerOptions> o;
+    for (int p = 0; p < procs; ++p) o.push_back(group_options(p, procs, timeout));
+    return o;
+  }
+
+  void expect_step(int64_t step, const std::vector<GlobalLeaf>& want) {
+    CheckpointManager reader(faults_, {});
+    auto r = reader.restore(step);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_EQ(r->leaves.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(r->leaves[i].prefix + "/" + r->leaves[i].path, want[i].prefix + "/" + want[i].path);
+      ASSERT_EQ(r->leaves[i].data.size(), want[i].bytes.size()) << want[i].path;
+      if (!want[i].bytes.empty())
+        EXPECT_EQ(std::memcmp(r->leaves[i].data.data(), want[i].bytes.data(), want[i].bytes.size()), 0)
+            << want[i].path;
+    }
+    EXPECT_EQ(r->metadata_json, R"({"by":"group"})");
+    EXPECT_TRUE(reader.verify(step).ok());
+  }
+
+  std::shared_ptr<Storage> base_;
+  std::shared_ptr<FaultStorage> faults_;
+  fs::path dir_;
+  Mesh mesh_;
+  std::string run_id_ = "test-run-" + std::to_string(::getpid());
+  static inline int counter_ = 0;
+};
+
+TEST_P(GroupSaveTest, EightProcessesCommitOneStepThatRestoresBitExact) {
+  const auto state = global_state(1);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 8; ++p) states.push_back(process_state(state, mesh_, p, 8));
+  std::vector<ManagerOptions> opts = options_for(8);
+  std::mutex mu;
+  std::vector<int> called;
+  for (int p = 0; p < 8; ++p)
+    opts[p].on_commit = [&, p](const CommitEvent& e) {
+      EXPECT_TRUE(e.status.ok()) << e.status.to_string();
+      std::lock_guard lock(mu);
+      called.push_back(p);
+    };
+  for (const Status& st : save_all(3, states, opts)) EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(called.size(), 8u);  // every process's callback learned the outcome
+  expect_step(3, state);
+  // One data file per process; replicated leaves stored once.
+  CheckpointManager reader(faults_, {});
+  auto index = reader.read_index(3);
+  ASSERT_TRUE(index.ok());
+  EXPECT_EQ(index->files.size(), 8u);
+  for (const auto& p : index->prefixes)
+    for (const auto& l : p.leaves)
+      if (l.path == "params.bias" || l.path == "count") EXPECT_EQ(l.shards.size(), 1u) << l.path;
+  // Manifests are gone once the step committed.
+  auto listed = faults_->list("run-3/", false);
+  ASSERT_TRUE(listed.ok());
+  for (const auto& o : listed->objects) EXPECT_EQ(o.key.find("manifest-"), std::string::npos) << o.key;
+}
+
+TEST_P(GroupSaveTest, TwoProcessesWithATrainersBarrier) {
+  const auto state = global_state(2);
+  std::vector<ProcessState> states;  // not an initializer list: that would copy the buffers
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  auto barrier = std::make_shared<ThreadBarrier>(2);
+  auto opts = options_for(2);
+  for (auto& o : opts) o.processes.barrier = barrier;
+  for (const Status& st : save_all(5, states, opts)) EXPECT_TRUE(st.ok()) << st.to_string();
+  expect_step(5, state);
+  auto names = barrier->names();
+  ASSERT_EQ(names.size(), 4u);  // "written" and "decided", twice each
+  EXPECT_NE(names[0].find("/written"), std::string::npos) << names[0];
+  EXPECT_NE(names[3].find("/decided"), std::string::npos) << names[3];
+}
+
+TEST_P(GroupSaveTest, AHoleFailsEveryProcessNamingLeafAndRegion) {
+  const auto state = global_state(3);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 4; ++p) states.push_back(process_state(state, mesh_, p, 4));
+  ASSERT_FALSE(states[2].leaves[0].shards.empty());
+  states[2].leaves[0].shards.pop_back();  // process 2 forgets a box of params.w
+  auto out = save_all(7, states, options_for(4));
+  for (const Status& st : out) {
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("model/params.w: elements ["), std::string::npos) << st.to_string();
+    EXPECT_NE(st.message().find("written by no process"), std::string::npos) << st.to_string();
+  }
+  CheckpointManager reader(faults_, {});
+  EXPECT_FALSE(reader.latest_step().value().has_value());
+}
+
+TEST_P(GroupSaveTest, ADoubledRegionNamesBothProcesses) {
+  const auto state = global_state(4);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  // Process 1 also writes process 0's first box of params.w.
+  states[1].leaves[0].shards.push_back(states[0].leaves[0].shards[0]);
+  auto out = save_all(8, states, options_for(2));
+  for (const Status& st : out) {
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("written by process 0 and process 1"), std::string::npos) << st.to_string();
+  }
+}
+
+TEST_P(GroupSaveTest, ADeadProcessLeavesTheStepUncommittedAndThePreviousIntact) {
+  const auto state1 = global_state(5);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 4; ++p) states.push_back(process_state(state1, mesh_, p, 4));
+  for (const Status& st : save_all(1, states, options_for(4))) ASSERT_TRUE(st.ok()) << st.to_string();
+  const auto state2 = global_state(6);
+  std::vector<ProcessState> states2;
+  for (int p = 0; p < 4; ++p) states2.push_back(process_state(state2, mesh_, p, 4));
+  auto out = save_all(2, states2, options_for(4, /*timeout=*/1.0), {false, false, true, false});
+  EXPECT_EQ(out[0].code(), Code::kUnavailable) << out[0].to_string();
+  EXPECT_NE(out[0].message().find("process(es) 2 of 4"), std::string::npos) << out[0].to_string();
+  for (int p : {1, 3}) {
+    EXPECT_FALSE(out[p].ok());
+    EXPECT_NE(out[p].message().find("timed out"), std::string::npos) << out[p].to_string();
+  }
+  CheckpointManager reader(faults_, {});
+  EXPECT_EQ(reader.latest_step().value(), std::optional<int64_t>(1));
+  expect_step(1, state1);
+  // gc removes what the dead attempt left.
+  ASSERT_TRUE(reader.gc().ok());
+  auto dirs = reader.list_step_dirs();
+  ASSERT_TRUE(dirs.ok());
+  for (const auto& d : *dirs) EXPECT_TRUE(d.committed) << d.name;
+}
+
+TEST_P(GroupSaveTest, AProcessThatFailsToWriteFailsTheStepFast) {
+  const auto state = global_state(7);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 3; ++p) states.push_back(process_state(state, mesh_, p, 3));
+  FaultRule rule;
+  rule.op = FaultOp::kCreate;
+  rule.key_substr = "-p1-0.bin";
+  rule.code = Code::kNoSpace;
+  rule.message = "disk full (injected)";
+  faults_->add_rule(rule);
+  const auto t0 = std::chrono::steady_clock::now();
+  Managers ms = managers(options_for(3, /*timeout=*/60));
+  auto out = save_all(4, states, ms);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(took, 30);  // did not wait for the timeout
+  EXPECT_EQ(out[1].code(), Code::kNoSpace) << out[1].to_string();
+  for (int p : {0, 2}) {
+    EXPECT_FALSE(out[p].ok());
+    EXPECT_NE(out[p].message().find("process 1 failed"), std::string::npos) << out[p].to_string();
+    EXPECT_NE(out[p].message().find("disk full"), std::string::npos) << out[p].to_string();
+  }
+  faults_->clear_rules();
+  // The same managers save the same step again: a new attempt id, so the
+  // failed attempt's manifests do not count.
+  for (const Status& st : save_all(4, states, ms)) EXPECT_TRUE(st.ok()) << st.to_string();
+  expect_step(4, state);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, GroupSaveTest,
+                         ::testing::Values(Backend::kMemoryPosix, Backend::kMemoryObject, Backend::kLocal),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case Backend::kMemoryPosix: return std::string("MemoryPosix");
+                             case Backend::kMemoryObject: return std::string("MemoryObjectStore");
+                             default: return std::string("Local");
+                           }
+                         });
+
+TEST(GroupSave, OptionsAreChecked) {
+  ProcessGroup g;
+  EXPECT_TRUE(check_process_group(g).ok());
+  g.count = 4;
+  g.index = 4;
+  EXPECT_EQ(check_process_group(g).code(), Code::kInvalidArgument);
+  g.index = 1;
+  EXPECT_NE(check_process_group(g).message().find("run_id is required"), std::string::npos);
+  g.run_id = "job/../x";
+  EXPECT_EQ(check_process_group(g).code(), Code::kInvalidArgument);
+  g.run_id = "job-17.restart_2";
+  EXPECT_TRUE(check_process_group(g).ok());
+  // Same inputs, same id; any difference, another id.
+  EXPECT_EQ(group_attempt_id("a", 1, 0), group_attempt_id("a", 1, 0));
+  EXPECT_NE(group_attempt_id("a", 1, 0), group_attempt_id("b", 1, 0));
+  EXPECT_NE(group_attempt_id("a", 1, 0), group_attempt_id("a", 2, 0));
+  EXPECT_NE(group_attempt_id("a", 1, 0), group_attempt_id("a", 1, 1));
+  EXPECT_EQ(group_attempt_id("a", 1, 0).size(), 16u);
+}
+
+TEST(Manifest, RoundTripsAndRefusesWhatIsNotOne) {
+  Manifest m;
+  m.attempt = "0123456789abcdef";
+  m.process_index = 2;
+  m.process_count = 3;
+  m.index.step = 9;
+  m.index.files.push_back({"data-0123456789abcdef-p2-0.bin", 64});
+  LeafRecord leaf{"w", DType::kFloat32, {4, 4}, {}};
+  leaf.shards.push_back(ShardRecord{Box{{2, 0}, {4, 4}}, "data-0123456789abcdef-p2-0.bin", 0, 32, 7});
+  m.index.prefixes.push_back(PrefixRecord{"model", {leaf}});
+  auto back = parse_manifest(serialize_manifest(m));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->attempt, m.attempt);
+  EXPECT_EQ(back->process_index, 2);
+  EXPECT_EQ(back->process_count, 3);
+  EXPECT_FALSE(back->error);
+  EXPECT_EQ(back->index.prefixes, m.index.prefixes);
+  // A step's index is not a manifest (holes are fine, identity is required).
+  Index idx = m.index;
+  EXPECT_EQ(parse_manifest(serialize_index(idx)).status().code(), Code::kDataLoss);
+  // The step parser refuses the hole a manifest may have.
+  EXPECT_FALSE(parse_index(serialize_manifest(m)).ok());
+  Manifest bad = m;
+  bad.process_index = 3;  // outside [0, count)
+  EXPECT_EQ(parse_manifest(serialize_manifest(bad)).status().code(), Code::kDataLoss);
+  bad = m;
+  bad.attempt = "../x";
+  EXPECT_EQ(parse_manifest(serialize_manifest(bad)).status().code(), Code::kDataLoss);
+  // Overlapping shards are refused even in a manifest.
+  bad = m;
+  bad.index.prefixes[0].leaves[0].shards.push_back(
+      ShardRecord{Box{{3, 0}, {4, 4}}, "data-0123456789abcdef-p2-0.bin", 32, 16, 1});
+  bad.index.files[0].size = 64;
+  EXPECT_EQ(parse_manifest(serialize_manifest(bad)).status().code(), Code::kDataLoss);
+  // An error manifest carries the message, even one that is not UTF-8.
+  Manifest failed = m;
+  failed.index = Index{};
+  failed.error = std::string("ENOSPC \xff on /x");
+  auto f = parse_manifest(serialize_manifest(failed));
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  ASSERT_TRUE(f->error);
+  EXPECT_NE(f->error->find("ENOSPC"), std::string::npos);
+}
+
+TEST(CoverCheck, NamesTheRegion) {
+  const Shape shape{8, 6};
+  std::vector<std::string> who{"p0", "p1", "p2"};
+  EXPECT_FALSE(describe_cover_problem(shape, {Box{{0, 0}, {4, 6}}, Box{{4, 0}, {8, 6}}}, who));
+  auto hole = describe_cover_problem(shape, {Box{{0, 0}, {4, 6}}, Box{{4, 0}, {8, 3}}}, who);
+  ASSERT_TRUE(hole);
+  EXPECT_EQ(*hole, "elements [4:8, 3:6] are written by no process");
+  auto twice = describe_cover_problem(shape, {Box{{0, 0}, {5, 6}}, Box{{4, 0}, {8, 6}}}, who);
+  ASSERT_TRUE(twice);
+  EXPECT_EQ(*twice, "elements [4:5, 0:6] are written by p0 and p1");
+  // Scalars and empty boxes.
+  EXPECT_FALSE(describe_cover_problem({}, {Box{{}, {}}}, who));
+  EXPECT_EQ(*describe_cover_problem({}, {}, who), "the scalar is written by no process");
+  EXPECT_EQ(*describe_cover_problem({}, {Box{{}, {}}, Box{{}, {}}}, who), "the scalar is written by p0 and p1");
+  EXPECT_FALSE(describe_cover_problem({0, 4}, {}, who));
+  EXPECT_FALSE(describe_cover_problem({4, 4}, {Box{{0, 0}, {4, 4}}, Box{{2, 2}, {2, 4}}}, who));
+}
+
+}  // namespace
+}  // namespace ckptio

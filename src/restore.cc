@@ -1,7 +1,8 @@
 // Restore: pick the step, parse its index (strictly), select leaves, check
 // them against a template, plan reads, read in batches through the backend
 // while the previous batch is checksummed, scatter shards into whole leaves,
-// cast if asked.
+// cast if asked. Restore into a sharding branches off after the template
+// check to src/restore_sharded.cc.
 //
 // Reads are planned per shard and cut into pieces of at most kPieceBytes so
 // that checksumming overlaps reading even for one huge leaf; a leaf held in
@@ -24,6 +25,7 @@
 #include "src/crc32c.h"
 #include "src/layout.h"
 #include "src/manager_impl.h"
+#include "src/restore_sharded.h"
 
 namespace ckptio {
 namespace {
@@ -197,6 +199,16 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
       if (!re || std::regex_search(leaf.path, *re)) selected.emplace_back(p.name, &leaf);
   }
   CKPTIO_RETURN_IF_ERROR(check_template(selected, options));
+
+  if (options.sharding) {  // one buffer per local device (src/restore_sharded.cc)
+    RestoredState out;
+    out.step = the_step;
+    out.metadata_json = index.metadata_json;
+    CKPTIO_RETURN_IF_ERROR(
+        restore_sharded(*storage_, impl_->naming.name(the_step), the_step, selected, options, &out));
+    out.stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    return out;
+  }
 
   // Allocate the leaves and plan one task per shard.
   const std::string dir = impl_->naming.name(the_step);

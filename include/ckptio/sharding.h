@@ -206,10 +206,7 @@ struct DeviceData {
 // The LeafView a process passes to save() for a leaf laid out as `sharding`:
 // one shard per distinct box whose writer (the lowest device id holding it)
 // is among `local`, its bytes taken from that device's buffer; empty boxes
-// are skipped, except that a leaf without elements gets its first box (in
-// unique_shards order) from that box's writer, so that exactly one shard
-// exists for it across all processes (save() wants at least one per leaf).
-// So replicated data is written once across all processes, and
+// are skipped. So replicated data is written once across all processes, and
 // a process whose devices write nothing gets a leaf without shards (valid in
 // a multi-process save). Errors: those of validate_sharding, a device in
 // `local` that is not in the mesh or appears twice, a null buffer.

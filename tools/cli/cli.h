@@ -16,11 +16,13 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <map>
 #include <string>
 #include <string_view>
 #include <thread>
 
 #include "ckptio/ckptio.h"
+#include "tools/cli/synth.h"
 
 namespace ckptio::cli {
 
@@ -191,6 +193,19 @@ CheckOutcome check_synth_step(CheckpointManager& m, int64_t step, bool show_prog
 // The index metadata that check_synth_step reads: {"synth": {"seed", "bytes"
 // (the requested size, input of the layout), "leaves", "generator", "layout",
 // "total_bytes", "versions": {"prefix/path": version} (only non-zero ones)}}.
+// What the "synth" metadata of a step says; fails (kExitFailed) when a step
+// was not written by ckptio synth save.
+struct SynthMeta {
+  uint64_t seed = 0;
+  uint64_t bytes = 0;
+  uint64_t leaves = 0;
+  std::map<std::string, uint64_t> versions;  // "prefix/path" -> version (demo)
+};
+SynthMeta parse_synth_meta(const std::string& metadata_json, int64_t step);
+// Leaf-set check of a layout against an index: names, dtypes, shapes. ""
+// when equal.
+std::string compare_leaf_set(const ckptio::synth::Layout& layout, const Index& index);
+
 std::string synth_metadata_json(uint64_t seed, uint64_t target_bytes, uint64_t leaves,
                                 uint64_t total_bytes,
                                 const std::vector<std::pair<std::string, uint64_t>>& versions = {});

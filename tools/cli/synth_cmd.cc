@@ -10,6 +10,7 @@
 
 #include "tools/cli/cli.h"
 #include "tools/cli/synth.h"
+#include "tools/cli/synth_sharded.h"
 
 namespace ckptio::cli {
 namespace {
@@ -18,16 +19,11 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+}  // namespace
+
 // ---- What the "synth" metadata says -----------------------------------------
 
-struct SynthMeta {
-  uint64_t seed = 0;
-  uint64_t bytes = 0;
-  uint64_t leaves = 0;
-  std::map<std::string, uint64_t> versions;  // "prefix/path" -> version (demo)
-};
-
-SynthMeta parse_meta(const std::string& metadata_json, int64_t step) {
+SynthMeta parse_synth_meta(const std::string& metadata_json, int64_t step) {
   const std::string where = "step " + std::to_string(step);
   auto j = nlohmann::json::parse(metadata_json, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("synth") || !j["synth"].is_object())
@@ -51,7 +47,6 @@ SynthMeta parse_meta(const std::string& metadata_json, int64_t step) {
   return m;
 }
 
-// Leaf-set check against the index: names, dtypes, shapes. "" when equal.
 std::string compare_leaf_set(const synth::Layout& layout, const Index& index) {
   std::map<std::string, const LeafRecord*> saved;
   for (const PrefixRecord& p : index.prefixes)
@@ -72,6 +67,8 @@ std::string compare_leaf_set(const synth::Layout& layout, const Index& index) {
            " leaves beyond the generator's " + std::to_string(layout.leaves.size()) + ")";
   return "";
 }
+
+namespace {
 
 std::string regex_escape(const std::string& s) {
   std::string out;
@@ -193,7 +190,7 @@ CheckOutcome check_synth_step(CheckpointManager& m, int64_t step, bool show_prog
     out.error = index.status().to_string();
     return out;
   }
-  const SynthMeta meta = parse_meta(index->metadata_json, step);
+  const SynthMeta meta = parse_synth_meta(index->metadata_json, step);
   const synth::Layout layout = synth::make_layout(meta.bytes, meta.leaves);
   out.bytes = layout.total_bytes;
   out.leaves = layout.leaves.size();
@@ -242,10 +239,15 @@ struct SaveCmd {
   std::string staging = "copy";
   bool overwrite = false;
   bool json = false;
+  ShardingArgs sharding;
 };
 
 int run_save(const GlobalOptions& g, const SaveCmd& o) {
   const uint64_t target = size_arg(o.bytes, "--bytes");
+  if (o.sharding.any())
+    return run_sharded_save(g, o.sharding,
+                            ShardedSaveArgs{o.uri, o.step, target, o.leaves, o.seed, o.staging == "borrow",
+                                            o.overwrite, o.json});
   if (o.leaves < 1 || o.leaves > synth::kMaxLeaves)
     fail(kExitUsage, "--leaves must be in [1, " + std::to_string(synth::kMaxLeaves) + "]");
   ManagerOptions mo = manager_options(g);
@@ -321,9 +323,13 @@ struct CheckCmd {
   std::optional<int64_t> step;
   std::string batch;
   bool json = false;
+  ShardingArgs sharding;
+  std::string coalesce_gap;
 };
 
 int run_check(const GlobalOptions& g, const CheckCmd& o) {
+  if (o.sharding.any() || !o.coalesce_gap.empty())
+    return run_sharded_check(g, o.sharding, ShardedCheckArgs{o.uri, o.step, o.coalesce_gap, o.json});
   auto m = open_manager(g, o.uri, Access::kRead);
   const int64_t step = resolve_index(*m, o.uri, o.step).step;
   const uint64_t batch = o.batch.empty() ? 0 : size_arg(o.batch, "--batch");
@@ -347,6 +353,18 @@ int run_check(const GlobalOptions& g, const CheckCmd& o) {
   return kExitOk;
 }
 
+void add_sharding_options(CLI::App* cmd, ShardingArgs& a) {
+  cmd->add_option("--mesh", a.mesh,
+                  "Device mesh as axis sizes by name, e.g. dp=2,tp=4 (default with --processes N: dp=N)");
+  cmd->add_option("--rules", a.rules,
+                  "JSON file of [regex, spec] partition rules as eformer writes them, e.g. "
+                  "[[\"attn/.*kernel\", [null, \"tp\"]], [\".*\", [[\"dp\", \"tp\"]]]] "
+                  "(default: dimension 0 over every mesh axis)");
+  cmd->add_option("--processes", a.processes,
+                  "Fork N processes, each a host owning its share of the mesh's devices (default 1)")
+      ->check(CLI::Range(1, 1024));
+}
+
 }  // namespace
 
 void add_synth(CLI::App& app, const GlobalOptions& g, Command* run) {
@@ -365,6 +383,10 @@ void add_synth(CLI::App& app, const GlobalOptions& g, Command* run) {
       ->check(CLI::IsMember({"copy", "borrow"}));
   save->add_flag("--overwrite", s->overwrite, "Replace a committed step");
   save->add_flag("--json", s->json, "Print the save's figures as JSON");
+  add_sharding_options(save, s->sharding);
+  save->add_option("--barrier-timeout", s->sharding.barrier_timeout,
+                   "Seconds the processes wait for each other before the save fails (default 600)")
+      ->check(CLI::PositiveNumber);
   save->callback([s, &g, run] { *run = [s, &g] { return run_save(g, *s); }; });
 
   auto c = std::make_shared<CheckCmd>();
@@ -375,7 +397,12 @@ void add_synth(CLI::App& app, const GlobalOptions& g, Command* run) {
   check->add_option("--batch", c->batch,
                     "Restore at most SIZE at a time (default: all at once if it fits in half "
                     "of the available memory)");
-  check->add_flag("--json", c->json, "Print {step, bytes, leaves, restore_gbps, verified}");
+  check->add_flag("--json", c->json,
+                  "Print {step, bytes, leaves, restore_gbps, verified}; with a sharding {step, mesh, processes, "
+                  "bytes_needed, bytes_read, read_ratio, requests, restore_gbps, verified}");
+  add_sharding_options(check, c->sharding);
+  check->add_option("--coalesce-gap", c->coalesce_gap,
+                    "Read two needed ranges at most SIZE apart as one request (default: 4KiB local, 1MiB S3)");
   check->callback([c, &g, run] { *run = [c, &g] { return run_check(g, *c); }; });
 }
 

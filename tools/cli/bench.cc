@@ -24,6 +24,13 @@
 //      - restore into fresh memory (the default API path), cold page cache:
 //        it also pays this machine's first-touch cost of every page.
 //   Both restores verify checksums and are compared with the generator.
+//
+// `ckptio bench --compare PATH` is something else: it runs the local
+// contenders of bench/run-all (fio, this ckptio, zarr-python, numpy.save) in a
+// directory under PATH, so that a user can qualify their own disk. It execs
+// the script from the source tree (found beside this file at build time, beside
+// the binary, or at $CKPTIO_RUN_ALL), which needs python3 with numpy (zarr and
+// numcodecs for that contender), fio, and root to drop the page cache.
 #include <fcntl.h>
 #include <malloc.h>
 #include <stdlib.h>
@@ -64,6 +71,8 @@ struct BenchCmd {
   bool json = false;
   bool no_drop = false;
   bool no_fresh = false;
+  std::string compare;  // --compare PATH: run bench/run-all's local contenders there
+  bool bytes_given = false, repeat_given = false, leaves_given = false;
 };
 
 struct Run {
@@ -207,7 +216,51 @@ void restore_into(CheckpointManager& m, int64_t step, const synth::Layout& layou
   run.verified = true;
 }
 
+// Where bench/run-all is: $CKPTIO_RUN_ALL, else the source tree this file was
+// compiled from, else ../../bench/run-all beside the binary (build*/bin/ckptio).
+std::string find_run_all() {
+  if (const char* env = std::getenv("CKPTIO_RUN_ALL"); env && *env) return env;
+  namespace fs = std::filesystem;
+  std::vector<fs::path> candidates;
+  const fs::path src(__FILE__);  // .../tools/cli/bench.cc
+  if (src.is_absolute()) candidates.push_back(src.parent_path().parent_path().parent_path() / "bench" / "run-all");
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) candidates.push_back(exe.parent_path().parent_path().parent_path() / "bench" / "run-all");
+  for (const fs::path& c : candidates)
+    if (::access(c.c_str(), X_OK) == 0) return c.string();
+  return "";
+}
+
+int run_compare(const BenchCmd& o) {
+  const std::optional<std::string> dir = local_path(o.compare);
+  if (!dir) fail(kExitUsage, "--compare takes a local directory, not " + o.compare);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(*dir, ec)) fail(kExitNotFound, "--compare " + *dir + ": no such directory");
+  const std::string script = find_run_all();
+  if (script.empty())
+    fail(kExitFailed,
+         "--compare needs bench/run-all from ckptio's source tree (not found beside the binary or the "
+         "sources it was built from); set CKPTIO_RUN_ALL=/path/to/ckptio/bench/run-all");
+  std::error_code ec2;
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec2).string();
+  std::vector<std::string> args = {script, "--compare", *dir};
+  if (!ec2) args.insert(args.end(), {"--ckptio", exe});
+  if (o.bytes_given) args.insert(args.end(), {"--bytes", o.bytes});
+  if (o.repeat_given) args.insert(args.end(), {"--repeat", std::to_string(o.repeat)});
+  if (o.leaves_given) args.insert(args.end(), {"--leaves", std::to_string(o.leaves)});
+  if (o.json) args.insert(args.end(), {"--json", "-"});
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::execv(script.c_str(), argv.data());
+  fail(kExitFailed, "cannot run " + script + ": " + std::strerror(errno));
+}
+
 int run_bench(const GlobalOptions& g, const BenchCmd& o) {
+  if (!o.compare.empty()) return run_compare(o);
   const uint64_t target = size_arg(o.bytes, "--bytes");
   if (o.repeat < 1) fail(kExitUsage, "--repeat must be >= 1");
   if (o.warmup < 0) fail(kExitUsage, "--warmup must be >= 0");
@@ -440,13 +493,13 @@ void add_bench(CLI::App& app, const GlobalOptions& g, Command* run) {
       "memory with a cold page cache, verify; report throughput, stall, peak RSS and baselines");
   sub->add_option("--uri", o->uri,
                   "Checkpoint location (default: a new directory under $TMPDIR or /var/tmp, removed after)");
-  sub->add_option("--bytes", o->bytes, "SIZE of the state (default 1GiB)");
-  sub->add_option("--leaves", o->leaves, "Number of leaves (default 295)");
+  auto* bytes_opt = sub->add_option("--bytes", o->bytes, "SIZE of the state (default 1GiB)");
+  auto* leaves_opt = sub->add_option("--leaves", o->leaves, "Number of leaves (default 295)");
   sub->add_option("--seed", o->seed, "Generator seed (default 0)");
   sub->add_option("--staging", o->staging,
                   "copy (default; the staging budget defaults to the state size) or borrow")
       ->check(CLI::IsMember({"copy", "borrow"}));
-  sub->add_option("--repeat", o->repeat, "Timed runs; medians are reported (default 1)");
+  auto* repeat_opt = sub->add_option("--repeat", o->repeat, "Timed runs; medians are reported (default 1)");
   sub->add_option("--warmup", o->warmup, "Untimed saves first, reported apart (default 1)");
   sub->add_flag("--no-drop-cache", o->no_drop, "Do not drop the page cache before restoring");
   sub->add_flag("--no-fresh-restore", o->no_fresh, "Skip the restore into fresh memory");
@@ -454,7 +507,18 @@ void add_bench(CLI::App& app, const GlobalOptions& g, Command* run) {
                 "Print {save_gbps, restore_gbps (warm buffers), restore_fresh_gbps, stall_ms, memcpy_ms, "
                 "stall_vs_memcpy, peak_rss_bytes (during save), rss_limit_bytes, rss_ok, verified, bytes, "
                 "cold_cache, warmup: [...], runs: [...]}");
-  sub->callback([o, &g, run] { *run = [o, &g] { return run_bench(g, *o); }; });
+  sub->add_option("--compare", o->compare,
+                  "Instead: run the local contenders of bench/run-all (fio's best, this ckptio, zarr-python, "
+                  "numpy.save) in a new directory under PATH and print the comparison (--bytes, default 2GiB "
+                  "there; --repeat, default 3; --leaves; --json). Needs ckptio's source tree (bench/run-all, or "
+                  "$CKPTIO_RUN_ALL), python3 with numpy, zarr and numcodecs, fio, and root for cold-cache reads")
+      ->type_name("PATH");
+  sub->callback([o, &g, run, bytes_opt, repeat_opt, leaves_opt] {
+    o->bytes_given = bytes_opt->count() > 0;
+    o->repeat_given = repeat_opt->count() > 0;
+    o->leaves_given = leaves_opt->count() > 0;
+    *run = [o, &g] { return run_bench(g, *o); };
+  });
 }
 
 }  // namespace ckptio::cli

@@ -1,0 +1,379 @@
+"""The contenders of bench/run-all, one function per (contender, direction).
+
+Every function returns a dict of figures (GB/s are 1e9 bytes per second of
+the state's payload bytes) and raises ContenderError on failure. None of them
+drops the page cache: the caller does it (drop_caches) before every timed
+read, so that the order of steps is visible in one place (run-all).
+"""
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MiB = 1 << 20
+
+
+class ContenderError(RuntimeError):
+    pass
+
+
+def drop_caches():
+    """sync, then drop the page cache. True when it was dropped (needs root)."""
+    subprocess.run(["sync"], check=True)
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def _run(args, env=None, timeout=None):
+    p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+    if p.returncode != 0:
+        raise ContenderError("%s exited %d: %s" % (" ".join(args[:4]), p.returncode,
+                                                   (p.stderr or p.stdout).strip()[-800:]))
+    return p.stdout
+
+
+def _json_out(text):
+    i = text.find("{")
+    if i < 0:
+        raise ContenderError("no JSON in output: %r" % text[-400:])
+    return json.loads(text[i:])
+
+
+def fsync_tree(root):
+    """fsync every file and directory under root (files first), then root's parent."""
+    for d, dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            fd = os.open(os.path.join(d, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    parent = os.path.dirname(os.path.abspath(root))
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---- fio ---------------------------------------------------------------------
+
+FIO_MODES = {
+    # key: (rw, direct)
+    "fio_write_direct": ("write", True),
+    "fio_write_buffered": ("write", False),
+    "fio_read_direct": ("read", True),
+    "fio_read_buffered": ("read", False),
+}
+
+
+def fio(path, size, rw, direct):
+    """One fio job, bs=1M. direct: O_DIRECT io_uring iodepth 32; else buffered
+    psync, writes ending with an fsync (end_fsync=1, inside the job's runtime)."""
+    args = ["fio", "--name=bench", "--filename=" + path, "--size=%d" % size, "--bs=1M",
+            "--rw=" + rw, "--output-format=json"]
+    if direct:
+        args += ["--direct=1", "--ioengine=io_uring", "--iodepth=32"]
+    else:
+        args += ["--direct=0", "--ioengine=psync"]
+        if rw == "write":
+            args += ["--end_fsync=1"]
+    job = _json_out(_run(args))["jobs"][0]
+    part = job["write" if rw == "write" else "read"]
+    # bw_bytes counts the I/O phase only; the fsync of a buffered write is in
+    # the job's runtime, so bytes / job runtime is the honest figure.
+    runtime_s = job.get("job_runtime", 0) / 1000.0
+    return size / runtime_s / 1e9 if runtime_s > 0 else part["bw_bytes"] / 1e9
+
+
+def fio_all(workdir, size, drop):
+    """The four fio modes on one file; returns {key: GB/s, 'cold': bool}."""
+    path = os.path.join(workdir, "fio.dat")
+    out = {"cold": True}
+    try:
+        for key in ("fio_write_direct", "fio_write_buffered", "fio_read_direct", "fio_read_buffered"):
+            rw, direct = FIO_MODES[key]
+            if rw == "read" and drop:
+                out["cold"] &= drop_caches()
+            out[key] = fio(path, size, rw, direct)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    return out
+
+
+# ---- ckptio ------------------------------------------------------------------
+
+def ckptio_bench(exe, uri, size, staging, leaves=None, env=None, global_args=(), warmup=1,
+                 fresh=True, timeout=3600):
+    """One `ckptio bench` (one timed save after `warmup` warm-up saves, a restore
+    into warm buffers and, with fresh, one into fresh memory). Its JSON."""
+    args = [exe] + list(global_args) + ["bench", "--uri", uri, "--bytes", str(size),
+                                        "--staging", staging, "--repeat", "1",
+                                        "--warmup", str(warmup), "--json"]
+    if leaves:
+        args += ["--leaves", str(leaves)]
+    if not fresh:
+        args += ["--no-fresh-restore"]
+    p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+    if not p.stdout.strip().startswith("{"):
+        raise ContenderError("ckptio bench exited %d: %s" % (p.returncode, p.stderr.strip()[-800:]))
+    b = json.loads(p.stdout)
+    if not b.get("verified"):
+        raise ContenderError("ckptio bench did not verify its restore: %s" % b.get("error"))
+    return b
+
+
+def ckptio_synth_save(exe, uri, size, staging="borrow", leaves=None, extra=(), step=1):
+    args = [exe, "synth", "save", uri, "--step", str(step), "--bytes", str(size),
+            "--staging", staging, "--json", "--overwrite"] + list(extra)
+    if leaves:
+        args += ["--leaves", str(leaves)]
+    return _json_out(_run(args))
+
+
+def ckptio_synth_check(exe, uri, extra=(), step=1):
+    j = _json_out(_run([exe, "synth", "check", uri, "--step", str(step), "--json"] + list(extra)))
+    if not j.get("verified"):
+        raise ContenderError("ckptio synth check did not verify: %s" % j.get("error"))
+    return j
+
+
+def cli_help(exe, *sub):
+    p = subprocess.run([exe] + list(sub) + ["--help"], capture_output=True, text=True)
+    return p.stdout + p.stderr
+
+
+# ---- zarr v2 (the layout eformer / JAX users write) ---------------------------
+
+def zarr_save(state, root):
+    """One zarr v2 array per leaf under root/<prefix>/<path>, one chunk per array
+    (a single-process save has one shard per leaf), Zstd level 1, written by
+    zarr-python; an index JSON; then fsync of every file and directory."""
+    import numcodecs
+    import zarr
+    shutil.rmtree(root, ignore_errors=True)
+    t0 = time.perf_counter()
+    os.makedirs(root)
+    index = {"prefixes": {}}
+    comp = numcodecs.Zstd(level=1)
+    for l, a in zip(state.leaves, state.arrays):
+        store = zarr.DirectoryStore(os.path.join(root, l["prefix"], l["path"]))
+        z = zarr.open_array(store=store, mode="w", shape=a.shape, chunks=a.shape if a.ndim else True,
+                            dtype=a.dtype, compressor=comp, fill_value=None)
+        z[...] = a
+        index["prefixes"].setdefault(l["prefix"], []).append(
+            {"path": l["path"], "dtype": l["dtype"], "shape": l["shape"]})
+    with open(os.path.join(root, "tensorstore_index.json"), "w") as f:
+        json.dump(index, f)
+    fsync_tree(root)
+    dt = time.perf_counter() - t0
+    on_disk = sum(os.path.getsize(os.path.join(d, n)) for d, _, fs in os.walk(root) for n in fs)
+    return {"seconds": dt, "gbps": state.total_bytes / dt / 1e9, "bytes_on_disk": on_disk}
+
+
+def zarr_load(state, root, verify=True):
+    import zarr
+    t0 = time.perf_counter()
+    out = []
+    for l in state.leaves:
+        z = zarr.open_array(store=zarr.DirectoryStore(os.path.join(root, l["prefix"], l["path"])), mode="r")
+        out.append(z[...])
+    dt = time.perf_counter() - t0
+    if verify:
+        _verify(state, out, "zarr")
+    return {"seconds": dt, "gbps": state.total_bytes / dt / 1e9}
+
+
+# ---- numpy.save / numpy.load per leaf (the naive baseline) ---------------------
+
+def numpy_save(state, root):
+    shutil.rmtree(root, ignore_errors=True)
+    t0 = time.perf_counter()
+    for l, a in zip(state.leaves, state.arrays):
+        d = os.path.join(root, l["prefix"])
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, l["path"] + ".npy"), "wb") as f:
+            np.save(f, a)
+            f.flush()
+            os.fsync(f.fileno())
+    for d in {os.path.join(root, l["prefix"]) for l in state.leaves} | {root}:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        os.fsync(fd)
+        os.close(fd)
+    dt = time.perf_counter() - t0
+    return {"seconds": dt, "gbps": state.total_bytes / dt / 1e9}
+
+
+def numpy_load(state, root, verify=True):
+    t0 = time.perf_counter()
+    out = [np.load(os.path.join(root, l["prefix"], l["path"] + ".npy")) for l in state.leaves]
+    dt = time.perf_counter() - t0
+    if verify:
+        _verify(state, out, "numpy")
+    return {"seconds": dt, "gbps": state.total_bytes / dt / 1e9}
+
+
+def _verify(state, loaded, who):
+    for l, a, b in zip(state.leaves, state.arrays, loaded):
+        if a.shape != b.shape or not np.array_equal(a.reshape(-1).view(np.uint8),
+                                                    np.ascontiguousarray(b).reshape(-1).view(np.uint8)):
+            raise ContenderError("%s: leaf %s/%s differs after the round trip" % (who, l["prefix"], l["path"]))
+
+
+# ---- S3: boto3 and parallel curl ----------------------------------------------
+
+def read_env(path):
+    sys.path.insert(0, os.path.join(ROOT, "tests", "s3"))
+    import s3lib
+    return s3lib.read_env(path)
+
+
+class _MemReader(io.RawIOBase):
+    def __init__(self, buf):
+        self._m = memoryview(buf).cast("B")
+        self._pos = 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self._pos
+
+    def seek(self, off, whence=0):
+        self._pos = off if whence == 0 else self._pos + off if whence == 1 else len(self._m) + off
+        return self._pos
+
+    def readinto(self, b):
+        n = min(len(b), len(self._m) - self._pos)
+        b[:n] = self._m[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+
+class _MemWriter(io.RawIOBase):
+    """Writes into a preallocated (warm) buffer at seek positions."""
+
+    def __init__(self, buf):
+        self._m = memoryview(buf).cast("B")
+        self._pos = 0
+
+    def writable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self._pos
+
+    def seek(self, off, whence=0):
+        self._pos = off if whence == 0 else self._pos + off if whence == 1 else len(self._m) + off
+        return self._pos
+
+    def write(self, b):
+        n = len(b)
+        self._m[self._pos:self._pos + n] = b
+        self._pos += n
+        return n
+
+
+def boto3_roundtrip(env, arena, dest):
+    """upload_fileobj then download_fileobj of the whole state as one object
+    (boto3's best case: every part in parallel), max_concurrency 10, 16 MiB
+    parts; the download goes into a warm buffer and is compared afterwards."""
+    import boto3
+    import botocore.config
+    from boto3.s3.transfer import TransferConfig
+    s3 = boto3.client("s3", endpoint_url=env["endpoint"], region_name=env["region"],
+                      aws_access_key_id=env["access_key"], aws_secret_access_key=env["secret_key"],
+                      config=botocore.config.Config(s3={"addressing_style": "path"},
+                                                    max_pool_connections=10,
+                                                    retries={"max_attempts": 3}))
+    cfg = TransferConfig(multipart_threshold=16 * MiB, multipart_chunksize=16 * MiB,
+                         max_concurrency=10, use_threads=True)
+    key = "bench-boto3-%s/state.bin" % uuid.uuid4().hex[:8]
+    n = arena.nbytes
+    t0 = time.perf_counter()
+    s3.upload_fileobj(_MemReader(arena), env["bucket"], key, Config=cfg)
+    up = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    s3.download_fileobj(env["bucket"], key, _MemWriter(dest), Config=cfg)
+    down = time.perf_counter() - t0
+    try:
+        s3.delete_object(Bucket=env["bucket"], Key=key)
+    except Exception:  # noqa: BLE001 - cleanup only
+        pass
+    if not np.array_equal(arena, dest[:n]):
+        raise ContenderError("boto3: downloaded object differs from the upload")
+    return {"save_gbps": n / up / 1e9, "restore_gbps": n / down / 1e9}
+
+
+def curl_parallel(env, total_bytes, n=8):
+    """n parallel curl PUTs of total_bytes/n each from tmpfs, then n GETs to
+    /dev/null: the server's ceiling for this many connections."""
+    import urllib.parse
+    sys.path.insert(0, os.path.join(ROOT, "tests", "s3"))
+    import s3lib
+    u = urllib.parse.urlsplit(env["endpoint"])
+    part = total_bytes // n
+    tmp = tempfile.mkdtemp(prefix="ckptio-curl-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    src = os.path.join(tmp, "src.bin")
+    with open(src, "wb") as f:
+        left = part
+        while left:
+            k = min(left, 64 * MiB)
+            f.write(os.urandom(k))
+            left -= k
+    prefix = "bench-curl-%s/" % uuid.uuid4().hex[:8]
+
+    def cmd(method, key, extra):
+        path = "/%s/%s%s" % (env["bucket"], prefix, key)
+        h = s3lib.sign_v4(method, u.netloc, path, None, {}, s3lib.UNSIGNED_PAYLOAD,
+                          env["access_key"], env["secret_key"], env["region"])
+        c = ["curl", "-sS", "-f", "-o", "/dev/null", "-X", method]
+        for k, v in h.items():
+            c += ["-H", "%s: %s" % (k, v)]
+        return c + extra + [env["endpoint"] + s3lib.uri_encode(path, True)]
+
+    res = {}
+    try:
+        for method in ("PUT", "GET"):
+            cmds = [cmd(method, "o%d" % i, ["-T", src, "-H", "Expect:"] if method == "PUT" else [])
+                    for i in range(n)]
+            t0 = time.perf_counter()
+            procs = [subprocess.Popen(c, stderr=subprocess.PIPE) for c in cmds]
+            errs = [p.communicate()[1] for p in procs]
+            dt = time.perf_counter() - t0
+            if any(p.returncode for p in procs):
+                raise ContenderError("curl %s failed: %s" % (method, b" ".join(errs)[-400:].decode(errors="replace")))
+            res["save_gbps" if method == "PUT" else "restore_gbps"] = n * part / dt / 1e9
+    finally:
+        for i in range(n):
+            try:
+                s3lib.request(env, "DELETE", "/%s/%so%d" % (env["bucket"], prefix, i))
+            except Exception:  # noqa: BLE001 - cleanup only
+                pass
+        shutil.rmtree(tmp, ignore_errors=True)
+    return res

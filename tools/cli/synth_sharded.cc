@@ -5,7 +5,8 @@
 // manager with ManagerOptions::processes = {p, N, run_id} (run_id drawn by
 // the parent, so a rerun never meets a dead run's files), does its share,
 // and writes one JSON line of figures to a pipe. The parent sums bytes, takes
-// the slowest process's time, and fails if any child failed.
+// the slowest process's time, and fails if any child failed. On S3 the
+// processes share the default requests in flight (per_process below).
 //
 // Both directions use Uneven::kPad, so any mesh can lay out any synth leaf
 // (the layout's dimensions rarely divide by 3); a jax.Array sharding divides
@@ -324,6 +325,17 @@ Json check_process(const GlobalOptions& g, const Sharding& s, const ShardedCheck
               {"leaves", r->leaves.size()}};
 }
 
+// The options each of n processes runs with: on S3, the processes share the
+// default 32 requests in flight (at least 4 each) unless
+// --s3-max-connections says otherwise, so that N processes on one machine
+// put the load of one on the server (a loopback server with one thread
+// slows down under 3 x 32 connections), as N hosts would each have their own.
+GlobalOptions per_process(const GlobalOptions& g, int n) {
+  GlobalOptions out = g;
+  if (n > 1 && out.s3_max_connections == 0) out.s3_max_connections = static_cast<uint32_t>(std::max(4, 32 / n));
+  return out;
+}
+
 template <typename Fn>
 std::pair<std::vector<Json>, Json> run_processes(int n, Fn&& fn) {
   if (n == 1) return {{fn(0)}, Json::array()};
@@ -361,9 +373,10 @@ int run_sharded_save(const GlobalOptions& g, const ShardingArgs& args, const Sha
                             join_uri(a.uri, step_dir_name(g, a.step)) + " (pass --overwrite to replace it)");
   }
   const std::string run_id = new_run_id();
+  const GlobalOptions gp = per_process(g, s.processes);
   const auto t0 = Clock::now();
   auto [results, failures] = run_processes(s.processes, [&](int p) {
-    return save_process(g, s, a, layout, p, run_id);
+    return save_process(gp, s, a, layout, p, run_id);
   });
   const double wall = since(t0);
   if (!failures.empty()) {
@@ -418,7 +431,8 @@ int run_sharded_check(const GlobalOptions& g, const ShardingArgs& args, const Sh
       if (!st.ok()) fail(kExitUsage, leaf.name() + ": " + st.message());
     }
   }
-  auto [results, failures] = run_processes(s.processes, [&](int p) { return check_process(g, s, a, step, p); });
+  const GlobalOptions gp = per_process(g, s.processes);
+  auto [results, failures] = run_processes(s.processes, [&](int p) { return check_process(gp, s, a, step, p); });
   std::string error;
   for (const auto& f : failures) error += (error.empty() ? "" : "; ") + f.get<std::string>();
   for (const Json& r : results)

@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <cstring>
+#include <future>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -213,8 +215,14 @@ TEST_P(S3Test, DeadAttemptIsInvisibleAndGcCleansIt) {
   auto data = random_bytes(2 * kPart, 5);
   auto w = store_->create("run-9/data-0123456789abcdef-0.bin", 2 * kPart);
   ASSERT_TRUE(w.ok());
-  (*w)->write_async(0, std::span<const std::byte>(data.data(), kPart), [](Status) {});
-  w->release();  // the process "dies": neither finish nor abort runs
+  std::promise<Status> landed;
+  (*w)->write_async(0, std::span<const std::byte>(data.data(), kPart),
+                    [&](Status st) { landed.set_value(st); });
+  ASSERT_TRUE(landed.get_future().get().ok());
+  // The process "dies" with one part uploaded: neither finish nor abort runs
+  // before gc. The writer object is only destroyed when the test ends (its
+  // destructor aborts the upload gc has already aborted: a NotFound it ignores).
+  std::unique_ptr<WritableObject> dead = std::move(*w);
   std::string orphan = "orphan";
   ASSERT_TRUE(store_->put("run-8/data-fedcba9876543210-0.bin", std::as_bytes(std::span(orphan))).ok());
 

@@ -60,6 +60,7 @@
 
 #include "backends/memory/memory_storage.h"
 #include "ckptio/ckptio.h"
+#include "testutil/fork_safety.h"
 #include "testutil/s3_server.h"
 
 namespace ckptio {
@@ -121,36 +122,8 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-bool under_thread_sanitizer() {
-#if defined(__SANITIZE_THREAD__)
-  return true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-  return true;
-#endif
-#endif
-  return false;
-}
-
-// fork() copies only the calling thread: a parent with other threads (a
-// manager's worker, a ring's completion thread, an HTTP loop) could hand the
-// child a lock held forever. The parent's managers are gone before each fork.
-// io_uring's kernel workers (iou-wrk-*, iou-sqp-*) are listed as threads of
-// the process and linger a moment after their ring closed; they hold no user
-// space lock, so they do not count. Returns the names of the others.
-std::vector<std::string> other_threads() {
-  std::vector<std::string> names;
-  const std::string self = std::to_string(::gettid());
-  for (const auto& e : fs::directory_iterator("/proc/self/task")) {
-    if (e.path().filename() == self) continue;
-    std::ifstream in(e.path() / "comm");
-    std::string comm;
-    std::getline(in, comm);
-    if (comm.rfind("iou-", 0) == 0) continue;
-    names.push_back(comm + " (" + e.path().filename().string() + ")");
-  }
-  return names;
-}
+using testutil::other_threads;
+using testutil::under_thread_sanitizer;
 
 // ---- Kill torture -------------------------------------------------------------
 

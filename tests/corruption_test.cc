@@ -7,6 +7,7 @@
 // not damage (transient, the caller's options) are returned, never skipped.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/local/fs.h"
 #include "backends/local/local_storage.h"
 #include "backends/memory/memory_storage.h"
 #include "ckptio/ckptio.h"
@@ -458,6 +460,123 @@ TEST_P(CorruptionTest, BadOptionsAreReturnedNotSkippedPastDamage) {
 INSTANTIATE_TEST_SUITE_P(Backends, CorruptionTest,
                          ::testing::Values(Backend::kMemoryPosix, Backend::kMemoryObject, Backend::kLocal),
                          backend_name);
+
+// ---- Hostile symbolic links inside a step directory (local disk) ----------------
+
+class HostileSymlinks : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = fs::temp_directory_path() / ("ckptio-links-" + std::to_string(::getpid()) + "-" +
+                                         std::to_string(counter_++));
+    fs::remove_all(base_);
+    root_ = base_ / "ckpt";
+    outside_ = base_ / "outside";
+    fs::create_directories(outside_);
+    auto s = make_local_storage(root_.string());
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    m_ = std::make_unique<CheckpointManager>(*s, ManagerOptions{});
+    ASSERT_TRUE(m_->save(1, views(s1_)).value().wait().ok());
+    ASSERT_TRUE(m_->save(2, views(s2_)).value().wait().ok());
+    file_ = m_->read_index(2).value().files[0].name;
+  }
+  void TearDown() override { fs::remove_all(base_); }
+
+  fs::path base_, root_, outside_;
+  std::vector<OwnedLeaf> s1_ = sample_state(300), s2_ = sample_state(400);
+  std::unique_ptr<CheckpointManager> m_;
+  std::string file_;
+  static inline int counter_ = 0;
+};
+
+// The data file moved outside and replaced by a link to it: the bytes
+// behind the link are exactly right, so only refusing the link stops the
+// read (a link to /etc/passwd would fail its checksums anyway).
+TEST_F(HostileSymlinks, DataFileLinkedOutsideIsRefusedNamingTheKey) {
+  const fs::path data = root_ / "run-2" / file_;
+  for (const fs::path& target : {outside_ / file_, fs::path("/etc/passwd")}) {
+    SCOPED_TRACE(target.string());
+    if (!fs::exists(outside_ / file_)) fs::rename(data, outside_ / file_);
+    fs::remove(data);
+    fs::create_symlink(target, data);
+    const std::string refused = "open " + data.string() + ": a symbolic link inside the checkpoint";
+    Status v = m_->verify(2);
+    EXPECT_EQ(v.code(), Code::kDataLoss);
+    EXPECT_HAS(v.message(), "data file " + data.string() + " is unreadable: " + refused);
+    auto r = m_->restore(2);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), Code::kDataLoss);
+    EXPECT_HAS(r.status().message(), "of step 2: " + refused);
+    auto latest = m_->restore(std::nullopt);
+    ASSERT_TRUE(latest.ok()) << latest.status().to_string();
+    EXPECT_EQ(latest->step, 1);
+    expect_restored(*latest, s1_);
+    ASSERT_EQ(latest->skipped.size(), 1u);
+    EXPECT_HAS(latest->skipped[0].error.message(), refused);
+  }
+  // Put the real file back: step 2 is whole again.
+  fs::remove(data);
+  fs::rename(outside_ / file_, data);
+  EXPECT_TRUE(m_->verify(2).ok());
+}
+
+TEST_F(HostileSymlinks, StepDirectoryLinkedElsewhereIsRefused) {
+  fs::rename(root_ / "run-2", outside_ / "run-2");
+  fs::create_directory_symlink(outside_ / "run-2", root_ / "run-2");
+  const std::string index = (root_ / "run-2" / kIndexFileName).string();
+  auto idx = m_->read_index(2);
+  ASSERT_FALSE(idx.ok());
+  EXPECT_EQ(idx.status().code(), Code::kDataLoss);
+  EXPECT_HAS(idx.status().message(), "open " + index + ": a symbolic link inside the checkpoint");
+  auto latest = m_->restore(std::nullopt);
+  ASSERT_TRUE(latest.ok()) << latest.status().to_string();
+  EXPECT_EQ(latest->step, 1);
+  ASSERT_EQ(latest->skipped.size(), 1u);
+  EXPECT_EQ(latest->skipped[0].error.message(), idx.status().message());
+}
+
+TEST_F(HostileSymlinks, ALinkedRootIsTheUsersChoiceAndIsFollowed) {
+  const fs::path link = base_ / "link-to-ckpt";
+  fs::create_directory_symlink(root_, link);
+  auto s = make_local_storage(link.string());
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  CheckpointManager m(*s, ManagerOptions{});
+  EXPECT_TRUE(m.verify(2).ok());
+  auto r = m.restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->step, 2);
+  expect_restored(*r, s2_);
+}
+
+// open_beneath itself, with openat2 and with the component walk that
+// kernels before 5.6 get.
+TEST_F(HostileSymlinks, OpenBeneathRefusesEveryLinkBelowTheRoot) {
+  using local::Beneath;
+  const std::string root = root_.string();
+  fs::create_directory_symlink(root_ / "run-1", root_ / "dir-link");      // a link to a directory inside
+  fs::create_symlink(root_ / "run-1" / kIndexFileName, root_ / "run-1" / "file-link");  // to a file inside
+  fs::create_symlink("/etc/passwd", root_ / "run-1" / "abs-link");
+  fs::create_symlink("../../outside", root_ / "run-1" / "rel-link");
+  for (Beneath how : {Beneath::kAuto, Beneath::kWalk}) {
+    SCOPED_TRACE(how == Beneath::kAuto ? "openat2" : "walk");
+    int err = 0;
+    auto ok = local::open_beneath(root, "run-1/" + std::string(kIndexFileName), O_RDONLY, &err, how);
+    EXPECT_TRUE(ok.ok()) << ok.status().to_string();
+    for (const std::string key : {"dir-link/" + std::string(kIndexFileName), std::string("run-1/file-link"),
+                                  std::string("run-1/abs-link"), std::string("run-1/rel-link/x")}) {
+      for (int flags : {O_RDONLY, O_RDONLY | O_DIRECT, O_PATH}) {
+        err = 0;
+        auto r = local::open_beneath(root, key, flags, &err, how);
+        ASSERT_FALSE(r.ok()) << key << " opened through a link";
+        EXPECT_EQ(r.status().code(), Code::kDataLoss) << r.status().to_string();
+        EXPECT_EQ(err, ELOOP) << key;
+        EXPECT_HAS(r.status().message(), "open " + root + "/" + key + ": a symbolic link inside the checkpoint");
+      }
+    }
+    auto missing = local::open_beneath(root, "run-1/nothing", O_RDONLY, &err, how);
+    EXPECT_EQ(missing.status().code(), Code::kNotFound);
+    EXPECT_EQ(err, ENOENT);
+  }
+}
 
 }  // namespace
 }  // namespace ckptio

@@ -10,6 +10,12 @@
 // offset modulo the backend's read alignment, letting direct I/O land in it
 // without a bounce copy. Small shards (<= 256 KiB) that lie next to each other
 // in a file are read together, up to 8 MiB a request, and copied out.
+//
+// Restore-latest tries committed steps newest first and moves past a step
+// whose index or data is damaged (Status::data_loss(); a missing data file
+// counts, src/damage.h), recording it in RestoredState::skipped; strict mode
+// and every other error stop there. verify() reads every shard and lists
+// every damaged file and shard instead of stopping at the first.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>

@@ -463,7 +463,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, CorruptionTest,
 
 // ---- Hostile symbolic links inside a step directory (local disk) ----------------
 
-class HostileSymlinks : public ::testing::Test {
+class LocalHostileSymlinks : public ::testing::Test {
  protected:
   void SetUp() override {
     base_ = fs::temp_directory_path() / ("ckptio-links-" + std::to_string(::getpid()) + "-" +
@@ -491,7 +491,7 @@ class HostileSymlinks : public ::testing::Test {
 // The data file moved outside and replaced by a link to it: the bytes
 // behind the link are exactly right, so only refusing the link stops the
 // read (a link to /etc/passwd would fail its checksums anyway).
-TEST_F(HostileSymlinks, DataFileLinkedOutsideIsRefusedNamingTheKey) {
+TEST_F(LocalHostileSymlinks, DataFileLinkedOutsideIsRefusedNamingTheKey) {
   const fs::path data = root_ / "run-2" / file_;
   for (const fs::path& target : {outside_ / file_, fs::path("/etc/passwd")}) {
     SCOPED_TRACE(target.string());
@@ -519,7 +519,7 @@ TEST_F(HostileSymlinks, DataFileLinkedOutsideIsRefusedNamingTheKey) {
   EXPECT_TRUE(m_->verify(2).ok());
 }
 
-TEST_F(HostileSymlinks, StepDirectoryLinkedElsewhereIsRefused) {
+TEST_F(LocalHostileSymlinks, StepDirectoryLinkedElsewhereIsRefused) {
   fs::rename(root_ / "run-2", outside_ / "run-2");
   fs::create_directory_symlink(outside_ / "run-2", root_ / "run-2");
   const std::string index = (root_ / "run-2" / kIndexFileName).string();
@@ -534,7 +534,7 @@ TEST_F(HostileSymlinks, StepDirectoryLinkedElsewhereIsRefused) {
   EXPECT_EQ(latest->skipped[0].error.message(), idx.status().message());
 }
 
-TEST_F(HostileSymlinks, ALinkedRootIsTheUsersChoiceAndIsFollowed) {
+TEST_F(LocalHostileSymlinks, ALinkedRootIsTheUsersChoiceAndIsFollowed) {
   const fs::path link = base_ / "link-to-ckpt";
   fs::create_directory_symlink(root_, link);
   auto s = make_local_storage(link.string());
@@ -549,7 +549,7 @@ TEST_F(HostileSymlinks, ALinkedRootIsTheUsersChoiceAndIsFollowed) {
 
 // open_beneath itself, with openat2 and with the component walk that
 // kernels before 5.6 get.
-TEST_F(HostileSymlinks, OpenBeneathRefusesEveryLinkBelowTheRoot) {
+TEST_F(LocalHostileSymlinks, OpenBeneathRefusesEveryLinkBelowTheRoot) {
   using local::Beneath;
   const std::string root = root_.string();
   fs::create_directory_symlink(root_ / "run-1", root_ / "dir-link");      // a link to a directory inside

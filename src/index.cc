@@ -436,6 +436,8 @@ bool IndexReader::key(string_t& k) {
       return true;
     }
   }
+  if (f.count > limits_.max_object_members)
+    return fail_container("more than " + std::to_string(limits_.max_object_members) + " members in one object");
   if (!f.other_keys.insert(f.key)) return fail_here("duplicate key");
   if (f.kind == Kind::kMetadata) {
     if (f.count > 1) metadata_ += ',';

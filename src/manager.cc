@@ -664,6 +664,25 @@ Result<std::optional<Index>> CheckpointManager::Impl::load_index(const std::stri
   return std::optional<Index>(std::move(index).value());
 }
 
+Status CheckpointManager::Impl::missing_index(const std::string& dir, int64_t step) {
+  Storage& storage = owner->storage();
+  const std::string location = storage.describe() + "/" + index_key(dir);
+  Status not_committed =
+      not_found("step " + std::to_string(step) + " is not committed at " + storage.describe());
+  // On an object store a step prefix without an index is a save in progress
+  // or a dead attempt; only a POSIX-like commit (rename of a directory that
+  // already holds its index) makes it damage.
+  if (!storage.caps().atomic_rename) return not_committed;
+  auto objs = storage.list(dir + "/", /*delimiter=*/false);
+  if (!objs.ok()) return objs.status().annotate("list " + storage.describe() + "/" + dir + "/");
+  if (objs->objects.empty()) return not_committed;
+  return data_loss(location + " is missing, but " + storage.describe() + "/" + dir + "/ holds " +
+                   std::to_string(objs->objects.size()) + " object(s) (" + objs->objects.front().key +
+                   (objs->objects.size() > 1 ? ", ..." : "") +
+                   "): the index of step " + std::to_string(step) +
+                   " was deleted or lost, so the step is not committed");
+}
+
 Result<std::vector<int64_t>> CheckpointManager::Impl::committed_steps(bool parse, bool newest_only) {
   CKPTIO_ASSIGN_OR_RETURN(auto dirs, scan_step_dirs(owner->storage(), naming));
   std::vector<int64_t> steps;
@@ -681,7 +700,13 @@ Result<std::vector<int64_t>> CheckpointManager::Impl::committed_steps(bool parse
       spdlog::warn("ckptio: skipping step {}: {}", it->step, index.status().to_string());
       continue;
     }
-    if (!index->has_value()) continue;  // no index: not committed
+    if (!index->has_value()) {  // no index: not committed; damage on POSIX
+      Status why = missing_index(it->name, it->step);
+      if (why.code() == Code::kNotFound) continue;
+      if (owner->options().strict || !why.data_loss()) return why;
+      spdlog::warn("ckptio: skipping step {}: {}", it->step, why.to_string());
+      continue;
+    }
     steps.push_back(it->step);
     if (newest_only) break;
   }
@@ -721,8 +746,9 @@ Result<std::vector<StepInfo>> CheckpointManager::list_step_dirs() {
 }
 
 Result<Index> CheckpointManager::read_index(int64_t step) {
-  CKPTIO_ASSIGN_OR_RETURN(auto index, impl_->load_index(impl_->naming.name(step)));
-  if (!index) return not_found("step " + std::to_string(step) + " is not committed at " + storage_->describe());
+  const std::string dir = impl_->naming.name(step);
+  CKPTIO_ASSIGN_OR_RETURN(auto index, impl_->load_index(dir));
+  if (!index) return impl_->missing_index(dir, step);
   return std::move(*index);
 }
 

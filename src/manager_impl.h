@@ -65,9 +65,16 @@ struct CheckpointManager::Impl {
 
   // Index of a step directory: nullopt if it has none (not committed).
   Result<std::optional<Index>> load_index(const std::string& dir);
+  // Why step directory `dir` (final name) has no index: kNotFound (not
+  // committed), or kDataLoss on a POSIX-like store when it holds objects
+  // (a final directory always holds its index there: it was lost).
+  Status missing_index(const std::string& dir, int64_t step);
   // Committed steps ascending; with `parse`, steps whose index fails to
-  // parse are skipped with a warning (an error when strict).
+  // parse or is missing from a directory holding data (POSIX) are skipped
+  // with a warning (an error when strict).
   Result<std::vector<int64_t>> committed_steps(bool parse, bool newest_only);
+  // Restores the step `index` describes (restore() after choosing it).
+  Result<RestoredState> restore_index(const Index& index, const RestoreOptions& options);
 };
 
 }  // namespace ckptio

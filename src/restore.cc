@@ -10,6 +10,12 @@
 // offset modulo the backend's read alignment, letting direct I/O land in it
 // without a bounce copy. Small shards (<= 256 KiB) that lie next to each other
 // in a file are read together, up to 8 MiB a request, and copied out.
+//
+// Restore-latest tries committed steps newest first and moves past a step
+// whose index or data is damaged (Status::data_loss(); a missing data file
+// counts, src/damage.h), recording it in RestoredState::skipped; strict mode
+// and every other error stop there. verify() reads every shard and lists
+// every damaged file and shard instead of stopping at the first.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -25,6 +31,7 @@
 #include "ckptio/manager.h"
 #include "src/cast.h"
 #include "src/crc32c.h"
+#include "src/damage.h"
 #include "src/layout.h"
 #include "src/manager_impl.h"
 #include "src/restore_sharded.h"
@@ -166,37 +173,69 @@ Status check_template(const std::vector<std::pair<std::string, const LeafRecord*
 
 Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
                                                  const RestoreOptions& options) {
-  const auto t0 = Clock::now();
-  Index index;
   if (step) {
-    CKPTIO_ASSIGN_OR_RETURN(index, read_index(*step));
-  } else {
-    // Newest committed step whose index parses; older ones on failure.
-    CKPTIO_ASSIGN_OR_RETURN(auto dirs, scan_step_dirs(*storage_, impl_->naming));
-    bool found = false;
-    for (auto it = dirs.rbegin(); it != dirs.rend() && !found; ++it) {
-      if (it->kind != StepDirKind::kFinal) continue;
-      auto loaded = impl_->load_index(it->name);
-      if (!loaded.ok()) {
-        if (options_.strict || !loaded.status().data_loss()) return loaded.status();
-        spdlog::warn("ckptio: restore-latest skips step {}: {}", it->step, loaded.status().to_string());
-        continue;
-      }
-      if (!loaded->has_value()) continue;
-      index = std::move(**loaded);
-      found = true;
-    }
-    if (!found) return not_found("no committed step at " + storage_->describe());
+    CKPTIO_ASSIGN_OR_RETURN(Index index, read_index(*step));
+    return impl_->restore_index(index, options);
   }
+  // Restore-latest: committed steps newest first; damage (kDataLoss, in the
+  // index or the data) moves on to the next older step unless strict; any
+  // other error is the caller's (options) or transient, and is returned.
+  CKPTIO_ASSIGN_OR_RETURN(auto dirs, scan_step_dirs(*storage_, impl_->naming));
+  std::vector<SkippedStep> skipped;
+  auto with_skipped = [&](const Status& st) {
+    if (skipped.empty()) return st;
+    std::string steps;
+    for (const SkippedStep& s : skipped) steps += (steps.empty() ? "" : ", ") + std::to_string(s.step);
+    return st.annotate("restore-latest, after skipping damaged step(s) " + steps);
+  };
+  auto skip = [&](int64_t s, const Status& st) {
+    spdlog::warn("ckptio: restore-latest skips damaged step {}: {}", s, st.to_string());
+    skipped.push_back(SkippedStep{s, st});
+  };
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
+    if (it->kind != StepDirKind::kFinal) continue;
+    auto loaded = impl_->load_index(it->name);
+    if (loaded.ok() && !loaded->has_value()) {  // no index: not committed, or lost (POSIX)
+      Status why = impl_->missing_index(it->name, it->step);
+      if (why.code() == Code::kNotFound) continue;
+      loaded = why;
+    }
+    if (!loaded.ok()) {
+      if (options_.strict || !loaded.status().data_loss()) return with_skipped(loaded.status());
+      skip(it->step, loaded.status());
+      continue;
+    }
+    auto restored = impl_->restore_index(**loaded, options);
+    if (restored.ok()) {
+      if (!skipped.empty())
+        spdlog::warn("ckptio: restore-latest restored step {} after skipping {} damaged newer step(s)",
+                     it->step, skipped.size());
+      restored->skipped = std::move(skipped);
+      return restored;
+    }
+    if (options_.strict || !restored.status().data_loss()) return with_skipped(restored.status());
+    skip(it->step, restored.status());
+  }
+  if (skipped.empty()) return not_found("no committed step at " + storage_->describe());
+  std::string all;
+  for (const SkippedStep& s : skipped)
+    all += "; step " + std::to_string(s.step) + ": " + s.error.message();
+  return data_loss("restore-latest: every committed step at " + storage_->describe() + " is damaged" + all);
+}
+
+Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
+                                                            const RestoreOptions& options) {
+  const auto t0 = Clock::now();
+  Storage& storage = owner->storage();
   const int64_t the_step = index.step;
   {
-    std::lock_guard lock(impl_->mu);
-    impl_->restoring.insert(the_step);
+    std::lock_guard lock(mu);
+    restoring.insert(the_step);
   }
   struct Unmark {
     Impl* impl; int64_t s;
     ~Unmark() { std::lock_guard lock(impl->mu); impl->restoring.erase(impl->restoring.find(s)); }
-  } unmark{impl_.get(), the_step};
+  } unmark{this, the_step};
 
   // Selection.
   std::optional<std::regex> re;
@@ -223,14 +262,14 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
     out.step = the_step;
     out.metadata_json = index.metadata_json;
     CKPTIO_RETURN_IF_ERROR(
-        restore_sharded(*storage_, impl_->naming.name(the_step), the_step, selected, options, &out));
+        restore_sharded(storage, naming.name(the_step), the_step, selected, options, &out));
     out.stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     return out;
   }
 
   // Allocate the leaves and plan one task per shard.
-  const std::string dir = impl_->naming.name(the_step);
-  const uint64_t align = std::max<uint64_t>(storage_->read_alignment(), 1);
+  const std::string dir = naming.name(the_step);
+  const uint64_t align = std::max<uint64_t>(storage.read_alignment(), 1);
   RestoredState out;
   out.step = the_step;
   out.metadata_json = index.metadata_json;
@@ -258,7 +297,8 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
     for (size_t i = 0; i < leaf->shards.size(); ++i) {
       const ShardRecord& rec = leaf->shards[i];
       ShardTask task;
-      task.where = leaf_name(prefix, *leaf) + " shard " + std::to_string(i) + " (file " + rec.file + ")";
+      task.where = leaf_name(prefix, *leaf) + " shard " + std::to_string(i) + " (file " + rec.file + ", " +
+                   byte_range(rec.offset, rec.length) + ")";
       task.key = dir + "/" + rec.file;
       task.rec = &rec;
       task.leaf = out.leaves.size();
@@ -330,7 +370,7 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
           std::memcpy(t.bytes, g.scratch.data() + (t.rec->offset - g.offset), t.rec->length);
           if (options.verify && crc32c(t.bytes, t.rec->length, 0) != t.rec->crc32c)
             return data_loss("checksum mismatch in " + t.where + " of step " + std::to_string(the_step) +
-                             " at " + storage_->describe() + "/" + t.key);
+                             " at " + storage.describe() + "/" + t.key);
         }
         g.scratch = Buffer();
         continue;
@@ -340,7 +380,7 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
       t.crc = crc32c(t.bytes + pieces[p].at, pieces[p].len, t.crc);
       if (pieces[p].at + pieces[p].len == t.rec->length && t.crc != t.rec->crc32c)
         return data_loss("checksum mismatch in " + t.where + " of step " + std::to_string(the_step) +
-                         " at " + storage_->describe() + "/" + t.key);
+                         " at " + storage.describe() + "/" + t.key);
     }
     return Status::OK();
   };
@@ -357,18 +397,35 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
       reqs.push_back(ReadRequest{t.key, t.rec->offset + pieces[p].at, pieces[p].len,
                                  t.bytes + pieces[p].at});
     }
-    Status st = storage_->read(reqs);
+    Status st = storage.read(reqs);
     if (st.ok()) return st;
-    // Name the leaf: find the first request that fails on its own.
+    // Name the shard: find the first request that fails on its own (for a
+    // group of small shards, the first member that does). The scratch
+    // buffers are reused: the batch failed, nothing of it is kept.
+    const std::string of_step = " of step " + std::to_string(the_step);
+    auto read_one = [&](const ShardTask& t, uint64_t at, uint64_t len, std::byte* dst) -> Status {
+      ReadRequest r{t.key, t.rec->offset + at, len, dst};
+      Status one = storage.read(std::span<const ReadRequest>(&r, 1));
+      if (one.ok()) return one;
+      return data_read_error(one, "restore " + t.where + of_step, storage.describe() + "/" + t.key);
+    };
     for (size_t p = begin; p < end; ++p) {
-      Status one = storage_->read(std::span<const ReadRequest>(&reqs[p - begin], 1));
-      if (!one.ok()) {
-        const std::string what = pieces[p].group >= 0
-                                     ? "the " + std::to_string(groups[pieces[p].group].tasks.size()) +
-                                           " small shards from " + tasks[pieces[p].task].where + " on"
-                                     : tasks[pieces[p].task].where;
-        return one.annotate("restore " + what + " of step " + std::to_string(the_step));
+      if (pieces[p].group < 0) {
+        Status one = read_one(tasks[pieces[p].task], pieces[p].at, pieces[p].len, reqs[p - begin].dst);
+        if (!one.ok()) return one;
+        continue;
       }
+      Group& g = groups[pieces[p].group];
+      Status whole = storage.read(std::span<const ReadRequest>(&reqs[p - begin], 1));
+      if (whole.ok()) continue;
+      for (size_t ti : g.tasks) {
+        const ShardTask& t = tasks[ti];
+        Status one = read_one(t, 0, t.rec->length, g.scratch.data() + (t.rec->offset - g.offset));
+        if (!one.ok()) return one;
+      }
+      return data_read_error(whole, "restore the " + std::to_string(g.tasks.size()) + " small shards from " +
+                                        tasks[g.tasks.front()].where + " on" + of_step,
+                             storage.describe() + "/" + g.key);
     }
     return st.annotate("restore step " + std::to_string(the_step));
   };
@@ -439,35 +496,88 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
 Status CheckpointManager::verify(int64_t step) {
   CKPTIO_ASSIGN_OR_RETURN(Index index, read_index(step));
   const std::string dir = impl_->naming.name(step);
+  const std::string at = storage_->describe() + "/" + dir + "/";
+  // Every problem found, in index order; errors that are not damage
+  // (transient, I/O, permission) end the verification at once.
+  constexpr size_t kMaxProblems = 20;
+  std::vector<std::string> problems;
+  size_t count = 0;
+  auto note = [&](std::string p) {
+    if (problems.size() < kMaxProblems) problems.push_back(std::move(p));
+    ++count;
+  };
+  // Data files first: a missing or short file is named once with the shards
+  // it takes down, instead of once per shard.
+  std::map<std::string, uint64_t> sizes;  // intact or longer files: their size
+  std::map<std::string, std::vector<std::string>> lost;  // file -> shards it takes down
+  std::map<std::string, std::string> file_problem;
   for (const DataFileRecord& f : index.files) {
     auto size = storage_->stat(dir + "/" + f.name);
-    if (!size.ok()) return size.status().annotate("verify step " + std::to_string(step) + ": data file " + f.name);
-    if (*size != f.size)
-      return data_loss("verify step " + std::to_string(step) + ": data file " + f.name + " has " +
-                       std::to_string(*size) + " bytes, the index records " + std::to_string(f.size));
+    const Status& err = size.status();
+    if (!size.ok() && err.code() != Code::kNotFound && !err.data_loss())
+      return err.annotate("verify step " + std::to_string(step) + ": data file " + at + f.name);
+    if (!size.ok()) {  // missing, or not to be read (a symbolic link on local disk)
+      file_problem[f.name] = err.data_loss() ? "data file " + at + f.name + " is unreadable: " + err.message()
+                                             : "data file " + at + f.name + " is missing";
+      sizes[f.name] = 0;
+    } else if (*size != f.size) {
+      file_problem[f.name] = "data file " + at + f.name + " has " + std::to_string(*size) + " bytes, the index records " +
+                             std::to_string(f.size) + (*size < f.size ? " (short file)" : " (longer than recorded)");
+      sizes[f.name] = *size;
+    } else {
+      sizes[f.name] = *size;
+    }
   }
-  // Stream every shard through a bounded scratch buffer.
+  // Stream every readable shard through a bounded scratch buffer.
   Buffer scratch = Buffer::allocate(kPieceBytes, 4096);
   for (const PrefixRecord& p : index.prefixes) {
     for (const LeafRecord& leaf : p.leaves) {
       for (size_t i = 0; i < leaf.shards.size(); ++i) {
         const ShardRecord& rec = leaf.shards[i];
-        uint32_t crc = 0;
-        for (uint64_t at = 0; at < rec.length; at += kPieceBytes) {
-          uint64_t len = std::min(kPieceBytes, rec.length - at);
-          ReadRequest req{dir + "/" + rec.file, rec.offset + at, len, scratch.data()};
-          Status st = storage_->read(std::span<const ReadRequest>(&req, 1));
-          if (!st.ok())
-            return st.annotate("verify " + p.name + "/" + leaf.path + " shard " + std::to_string(i));
-          crc = crc32c(scratch.data(), len, crc);
+        const std::string where = p.name + "/" + leaf.path + " shard " + std::to_string(i) + " (file " +
+                                  rec.file + ", " + byte_range(rec.offset, rec.length) + ")";
+        if (rec.length > 0 && rec.offset + rec.length > sizes[rec.file]) {
+          lost[rec.file].push_back(where);
+          continue;
         }
-        if (crc != rec.crc32c)
-          return data_loss("checksum mismatch in " + p.name + "/" + leaf.path + " shard " +
-                           std::to_string(i) + " (file " + rec.file + ") of step " + std::to_string(step));
+        uint32_t crc = 0;
+        Status failed;
+        for (uint64_t off = 0; off < rec.length && failed.ok(); off += kPieceBytes) {
+          uint64_t len = std::min(kPieceBytes, rec.length - off);
+          ReadRequest req{dir + "/" + rec.file, rec.offset + off, len, scratch.data()};
+          Status st = storage_->read(std::span<const ReadRequest>(&req, 1));
+          if (!st.ok()) failed = data_read_error(st, "verify " + where, at + rec.file);
+          else crc = crc32c(scratch.data(), len, crc);
+        }
+        if (!failed.ok() && !failed.data_loss()) return failed.annotate("verify step " + std::to_string(step));
+        if (!failed.ok()) note(failed.message());
+        else if (crc != rec.crc32c)
+          note("checksum mismatch in " + where);
       }
     }
   }
-  return Status::OK();
+  // Files named before shards: they are usually the cause.
+  std::vector<std::string> file_lines;
+  for (const auto& [name, problem] : file_problem) {
+    std::string line = problem;
+    auto it = lost.find(name);
+    if (it != lost.end()) {
+      line += ", losing " + std::to_string(it->second.size()) + " shard(s): ";
+      for (size_t k = 0; k < it->second.size() && k < 3; ++k) line += (k ? ", " : "") + it->second[k];
+      if (it->second.size() > 3) line += ", ...";
+    }
+    file_lines.push_back(std::move(line));
+  }
+  // A file of the recorded size never loses shards (the index checks every
+  // shard lies inside its file's recorded size), so `lost` has no others.
+  if (file_lines.empty() && count == 0) return Status::OK();
+  std::string msg = "verify step " + std::to_string(step) + " at " + at + ": " +
+                    std::to_string(file_lines.size() + count) + " problem(s): ";
+  size_t shown = 0;
+  for (const std::string& l : file_lines) msg += (shown++ ? "; " : "") + l;
+  for (const std::string& l : problems) msg += (shown++ ? "; " : "") + l;
+  if (count > problems.size()) msg += "; ... and " + std::to_string(count - problems.size()) + " more";
+  return data_loss(msg);
 }
 
 }  // namespace ckptio

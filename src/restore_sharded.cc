@@ -24,6 +24,7 @@
 #include "src/box_runs.h"
 #include "src/cast.h"
 #include "src/crc32c.h"
+#include "src/damage.h"
 #include "src/read_planner.h"
 
 namespace ckptio {
@@ -279,8 +280,12 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
     for (size_t k = 0; k < reqs.size(); ++k) {
       Status one = storage.read(std::span<const ReadRequest>(&reqs[k], 1));
       if (!one.ok())
-        return one.annotate("restore " + jobs[refs[batches[b].begin + k].leaf].name + " of step " +
-                            std::to_string(step));
+        return data_read_error(one,
+                               "restore " + jobs[refs[batches[b].begin + k].leaf].name + " (" +
+                                   byte_range(reqs[k].offset, reqs[k].length) + " of file " +
+                                   reqs[k].key.substr(reqs[k].key.rfind('/') + 1) + ") of step " +
+                                   std::to_string(step),
+                               storage.describe() + "/" + reqs[k].key);
     }
     return st.annotate("restore step " + std::to_string(step));
   };

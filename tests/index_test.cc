@@ -2,11 +2,16 @@
 // test per rejection of the strict parser (docs/format.md is the contract).
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <random>
@@ -997,6 +1002,156 @@ TEST(IndexLargeCover, ThreeHundredMiBAgainstTheDefaultLimit) {
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE(Rejects(huge, "index: 314572800 bytes, larger than the limit of 268435456"));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(100));  // by size alone
+}
+
+// ---- 100 MB of JSON within the default limit ------------------------------------------
+// parse_index streams (SAX) and never builds a document tree, so its memory
+// is what it keeps: the Index, the canonical metadata text, the keys of the
+// object being read (duplicate detection) and nlohmann's token buffer for
+// the string being lexed. Each is proportional to the bytes given, which are
+// capped by IndexLimits::max_bytes. These tests measure the peak resident
+// memory a parse adds, in a forked child (VmHWM after resetting it through
+// /proc/self/clear_refs), for 100 MB documents of the shapes an attacker
+// would pick, and hold it to the bound docs/format.md §3.1 states.
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define CKPTIO_UNDER_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define CKPTIO_UNDER_SANITIZER 1
+#endif
+#endif
+
+constexpr size_t kHugeBytes = 100'000'000;
+constexpr double kMaxGrowthPerInputByte = 4.0;  // docs/format.md §3.1
+
+uint64_t proc_status_kb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) return std::stoull(line.substr(std::strlen(key)));
+  return 0;
+}
+
+struct ParseFootprint {
+  bool ok = false;
+  std::string error;
+  double peak_growth = 0;  // bytes of resident memory the parse added at its peak
+  double seconds = 0;
+};
+
+// Parses `text` in a forked child and reports the peak memory it added.
+ParseFootprint parse_footprint(const std::string& text) {
+  int fds[2];
+  if (pipe(fds) != 0) return {false, "pipe failed"};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    std::ofstream("/proc/self/clear_refs") << "5";  // VmHWM := VmRSS
+    const uint64_t before = proc_status_kb("VmRSS:");
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = parse_index(text);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const uint64_t peak = proc_status_kb("VmHWM:");
+    std::string msg = std::to_string((peak - std::min(peak, before)) * 1024) + " " + std::to_string(secs) + " " +
+                      (r.ok() ? "ok" : r.status().message().substr(0, 300));
+    if (write(fds[1], msg.data(), msg.size()) < 0) _exit(2);
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string got;
+  char buf[512];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ParseFootprint f;
+  const size_t a = got.find(' '), b = got.find(' ', a + 1);
+  if (a == std::string::npos || b == std::string::npos) return {false, "child failed: " + got};
+  f.peak_growth = std::stod(got.substr(0, a));
+  f.seconds = std::stod(got.substr(a + 1, b - a - 1));
+  f.error = got.substr(b + 1);
+  f.ok = f.error == "ok";
+  return f;
+}
+
+// The sample index with `member` spliced in as the first member of the
+// metadata object or (top_level) of the document.
+std::string with_member(const std::string& member, bool top_level) {
+  std::string text = serialize_index(sample());
+  const size_t at = top_level ? text.find('{') + 1 : text.find("{\"data_pos\":123}") + 1;
+  return text.insert(at, member + ",");
+}
+
+void expect_bounded(const std::string& what, const std::string& text, bool accepted) {
+  ASSERT_GE(text.size(), kHugeBytes) << what;
+  ASSERT_LE(text.size(), IndexLimits{}.max_bytes) << what;
+  const ParseFootprint f = parse_footprint(text);
+  std::printf("  %-44s %6.1f MB: %s in %.2f s, peak +%.0f MB (%.2f x the input)\n", what.c_str(),
+              text.size() / 1e6, f.ok ? "accepted" : "refused", f.seconds, f.peak_growth / 1e6,
+              f.peak_growth / text.size());
+  EXPECT_EQ(f.ok, accepted) << what << ": " << f.error;
+#ifdef CKPTIO_UNDER_SANITIZER
+  std::printf("  (not checked against the bound: a sanitizer's shadow memory and quarantine count too)\n");
+#else
+  EXPECT_GT(f.peak_growth, 0) << what << ": the measurement did not work";
+  EXPECT_LE(f.peak_growth, kMaxGrowthPerInputByte * static_cast<double>(text.size())) << what;
+#endif
+}
+
+TEST(IndexHugeInput, OneHundredMegabyteStringsAreBoundedByTheirSize) {
+  const std::string big(kHugeBytes, 'x');
+  expect_bounded("one string in metadata", with_member("\"s\":\"" + big + "\"", false), true);
+  expect_bounded("one string in an unknown field", with_member("\"future\":\"" + big + "\"", true), true);
+  std::string escaped;  // \u escapes: 6 input bytes per character kept
+  escaped.reserve(kHugeBytes + 8);
+  while (escaped.size() < kHugeBytes) escaped += "\\u00e9";
+  expect_bounded("escaped string in metadata", with_member("\"s\":\"" + escaped + "\"", false), true);
+  // A string where a number belongs: refused at the value, before anything is kept.
+  std::string text = serialize_index(sample());
+  const size_t step = text.find("\"step\": ");
+  ASSERT_NE(step, std::string::npos);
+  text.insert(step + 8, "\"" + big + "\", \"ignored\": ");
+  expect_bounded("string for the step number", text, false);
+}
+
+TEST(IndexHugeInput, OneHundredMegabyteArraysAndObjectsAreBoundedByTheirSize) {
+  auto repeat = [](const std::string& open, const std::string& item, const std::string& close) {
+    std::string s = open;
+    s.reserve(kHugeBytes + 64);
+    for (size_t i = 0; s.size() < kHugeBytes; ++i) s += (i ? "," : "") + item;
+    return s + close;
+  };
+  expect_bounded("50M zeros in a metadata array", with_member("\"a\":" + repeat("[", "0", "]"), false), true);
+  expect_bounded("33M empty arrays in an unknown field", with_member("\"f\":" + repeat("[", "[]", "]"), true), true);
+  // Short keys are the costliest input (each kept to refuse duplicates):
+  // more than max_object_members of them are refused as they arrive.
+  std::string keys = "{";
+  keys.reserve(kHugeBytes + 64);
+  for (size_t i = 0; keys.size() < kHugeBytes; ++i) keys += (i ? ",\"" : "\"") + std::to_string(i) + "\":0";
+  keys += "}";
+  expect_bounded("9M distinct keys in a metadata object", with_member("\"o\":" + keys, false), false);
+  expect_bounded("9M distinct keys in an unknown object", with_member("\"o\":" + keys, true), false);
+  EXPECT_TRUE(Rejects(with_member("\"o\":" + keys, false), "metadata.o.1000000: more than 1000000 members in one object"));
+  // The limit itself is accepted: 1M keys of ~100 bytes.
+  keys = "{";
+  for (size_t i = 0; i < IndexLimits{}.max_object_members; ++i)
+    keys += (i ? ",\"" : "\"") + std::string(92, 'k') + std::to_string(i) + "\":0";
+  keys += "}";
+  expect_bounded("1M long keys in a metadata object", with_member("\"o\":" + keys, false), true);
+  // Many leaves: a real index of 1 M one-byte leaves, and the same with one
+  // shard past the end of its file, refused only when the document closes.
+  std::string leaves = "{\"format\": \"ckptio\", \"version\": 1, \"step\": 1, \"created_unix_ns\": 1, "
+                       "\"committed_unix_ns\": 1, \"metadata\": {}, \"prefixes\": {\"model\": [";
+  leaves.reserve(kHugeBytes + 1024);
+  uint64_t n = 0;
+  for (; leaves.size() < kHugeBytes; ++n)
+    leaves += std::string(n ? "," : "") + "{\"path\":\"p" + std::to_string(n) +
+              "\",\"dtype\":\"int8\",\"shape\":[],\"shards\":[{\"box\":{\"start\":[],\"stop\":[]},"
+              "\"file\":\"d.bin\",\"offset\":" + std::to_string(n) + ",\"length\":1,\"crc32c\":0}]}";
+  leaves += "]}, \"files\": [{\"name\": \"d.bin\", \"size\": ";
+  expect_bounded(std::to_string(n / 1000) + "k leaves of one shard each", leaves + std::to_string(n) + "}]}", true);
+  expect_bounded("the same, last shard past its file", leaves + std::to_string(n - 1) + "}]}", false);
 }
 
 // ---- The cover verdict against brute force ---------------------------------------------

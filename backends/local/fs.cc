@@ -1,11 +1,14 @@
 #include "backends/local/fs.h"
 
+#include <atomic>
 #include <cerrno>
 #include <memory>
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "backends/local/keys.h"
@@ -87,6 +90,88 @@ Status read_fully(int fd, std::byte* dst, uint64_t len, uint64_t offset, const s
     done += static_cast<uint64_t>(n);
   }
   return Status::OK();
+}
+
+namespace {
+
+Status link_refused(const std::string& path) {
+  return data_loss("open " + path + ": a symbolic link inside the checkpoint (ckptio never follows links "
+                   "below its root: a link could point outside it)");
+}
+
+// openat2 with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS; -1 with errno, ENOSYS
+// when the kernel (or a seccomp filter) lacks it.
+int openat2_beneath(int dirfd, const std::string& rel, int flags) {
+#ifdef SYS_openat2
+  struct open_how how = {};
+  how.flags = static_cast<uint64_t>(flags) | O_CLOEXEC;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS;
+  for (;;) {
+    long fd = ::syscall(SYS_openat2, dirfd, rel.c_str(), &how, sizeof how);
+    if (fd >= 0 || errno != EAGAIN) return static_cast<int>(fd);  // EAGAIN: a rename raced; retry
+  }
+#else
+  (void)dirfd, (void)rel, (void)flags;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+std::atomic<bool> g_no_openat2{false};
+
+}  // namespace
+
+Result<UniqueFd> open_beneath(const std::string& root, std::string_view key, int flags, int* err_out,
+                              Beneath how) {
+  const std::string path = join_path(root, key);
+  auto failed = [&](int e, Status st) {
+    if (err_out) *err_out = e;
+    return st;
+  };
+  // O_PATH | O_NOFOLLOW opens a trailing link itself instead of failing.
+  auto checked = [&](int fd) -> Result<UniqueFd> {
+    UniqueFd opened(fd);
+    struct stat st;
+    if ((flags & O_PATH) && ::fstat(opened.get(), &st) == 0 && S_ISLNK(st.st_mode))
+      return failed(ELOOP, link_refused(path));
+    return opened;
+  };
+  UniqueFd dir(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!dir.valid()) {
+    const int e = errno;
+    return failed(e, Status::from_errno(e, "open directory " + root));
+  }
+  if (how == Beneath::kAuto && !g_no_openat2.load(std::memory_order_relaxed)) {
+    int fd = openat2_beneath(dir.get(), std::string(key), flags);
+    if (fd >= 0) return checked(fd);
+    const int e = errno;
+    if (e == ELOOP || e == EXDEV) return failed(ELOOP, link_refused(path));
+    if (e != ENOSYS && e != EPERM) return failed(e, Status::from_errno(e, "open " + path));
+    // ENOSYS: an old kernel; EPERM: a seccomp filter refusing the syscall
+    // (a real permission problem shows again in the walk below).
+    g_no_openat2.store(true, std::memory_order_relaxed);
+  }
+  // Component by component, never following a link.
+  std::string_view rest = key;
+  while (true) {
+    const size_t slash = rest.find('/');
+    const std::string name(rest.substr(0, slash));
+    const bool last = slash == std::string_view::npos;
+    const int f = last ? (flags | O_NOFOLLOW | O_CLOEXEC) : (O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = ::openat(dir.get(), name.c_str(), f);
+    if (fd < 0) {
+      const int e = errno;
+      struct stat st;
+      // ELOOP: the last component is a link; ENOTDIR: a middle one may be.
+      if ((e == ELOOP || e == ENOTDIR) && ::fstatat(dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+          S_ISLNK(st.st_mode))
+        return failed(ELOOP, link_refused(path));
+      return failed(e, Status::from_errno(e, "open " + path));
+    }
+    if (last) return checked(fd);
+    dir = UniqueFd(fd);
+    rest.remove_prefix(slash + 1);
+  }
 }
 
 namespace {

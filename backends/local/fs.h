@@ -44,6 +44,23 @@ Status write_fully(int fd, std::span<const std::byte> data, uint64_t offset, con
 // pread()s exactly `len` bytes; a file that ends early is kDataLoss.
 Status read_fully(int fd, std::byte* dst, uint64_t len, uint64_t offset, const std::string& path);
 
+// Opens `key` (a checked key: no "..", no empty or "." components) beneath
+// the directory `root` without following any symbolic link below `root` (the
+// root itself may be one: the user chose it). A step directory is outside
+// input: a data file or step directory replaced by a link to /etc/passwd or
+// to another checkpoint must not be read through. Uses openat2(2) with
+// RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS (Linux 5.6+), else walks the key
+// component by component with O_NOFOLLOW: both race-free against a link
+// swapped in between checks. A link anywhere in the key is kDataLoss naming
+// the full path ("... is a symbolic link; ckptio never follows links inside
+// a checkpoint"); other failures map from errno ("open <path>: ...").
+// `flags` are open(2) flags (O_RDONLY, O_DIRECT, O_PATH...); O_CLOEXEC is
+// added. On failure `*err` (when given) is the errno, or ELOOP for a link.
+// Beneath::kWalk skips openat2 (tests of the fallback).
+enum class Beneath { kAuto, kWalk };
+Result<UniqueFd> open_beneath(const std::string& root, std::string_view key, int flags, int* err = nullptr,
+                              Beneath how = Beneath::kAuto);
+
 // Removes `path` and everything below it; a missing path is OK.
 Status remove_tree(const std::string& path);
 

@@ -119,8 +119,7 @@ Status LocalStorage::put(const std::string& key, std::span<const std::byte> data
 Result<std::string> LocalStorage::get(const std::string& key, uint64_t max_size) {
   CKPTIO_RETURN_IF_ERROR(check_key(key));
   const std::string path = join_path(root_, key);
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return Status::from_errno(errno, "open " + path);
+  CKPTIO_ASSIGN_OR_RETURN(UniqueFd fd, open_beneath(root_, key, O_RDONLY));  // never through a link
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return Status::from_errno(errno, "stat " + path);
   if (S_ISDIR(st.st_mode)) return not_found("get " + path + ": is a directory, not an object");
@@ -136,8 +135,9 @@ Result<std::string> LocalStorage::get(const std::string& key, uint64_t max_size)
 Result<uint64_t> LocalStorage::stat(const std::string& key) {
   CKPTIO_RETURN_IF_ERROR(check_key(key));
   const std::string path = join_path(root_, key);
+  CKPTIO_ASSIGN_OR_RETURN(UniqueFd fd, open_beneath(root_, key, O_PATH));  // never through a link
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return Status::from_errno(errno, "stat " + path);
+  if (::fstat(fd.get(), &st) != 0) return Status::from_errno(errno, "stat " + path);
   if (!S_ISREG(st.st_mode)) return not_found("stat " + path + ": not a regular file");
   return static_cast<uint64_t>(st.st_size);
 }

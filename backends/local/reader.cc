@@ -31,18 +31,27 @@ struct OpenFile {
   bool direct = false;
 };
 
-Status open_for_read(const std::string& path, bool want_direct, DirectIo direct_io, OpenFile& f) {
+// Opens `key` beneath `root`, never through a symbolic link (open_beneath).
+Status open_for_read(const std::string& root, const std::string& key, bool want_direct, DirectIo direct_io,
+                     OpenFile& f) {
+  const std::string path = join_path(root, key);
   f.path = path;
   if (want_direct) {
-    f.fd = UniqueFd(::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
-    f.direct = f.fd.valid();
-    if (!f.fd.valid() && errno != EINVAL) return Status::from_errno(errno, "open " + path);
-    if (!f.fd.valid() && direct_io == DirectIo::kOn)
+    int err = 0;
+    auto fd = open_beneath(root, key, O_RDONLY | O_DIRECT, &err);
+    f.direct = fd.ok();
+    if (fd.ok()) {
+      f.fd = std::move(fd).value();
+    } else if (err != EINVAL) {
+      return fd.status();
+    } else if (direct_io == DirectIo::kOn) {
       return Status(Code::kUnimplemented, "open " + path + ": the file system refuses O_DIRECT (direct_io=on)");
+    }
   }
   if (!f.fd.valid()) {
-    f.fd = UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!f.fd.valid()) return Status::from_errno(errno, "open " + path);
+    auto fd = open_beneath(root, key, O_RDONLY);
+    if (!fd.ok()) return fd.status();
+    f.fd = std::move(fd).value();
   }
   struct stat st;
   if (::fstat(f.fd.get(), &st) != 0) return Status::from_errno(errno, "stat " + path);
@@ -193,7 +202,7 @@ Status read_files(const std::string& root, std::span<const ReadRequest> requests
     auto [it, fresh] = by_key.try_emplace(r.key);
     if (fresh) {
       CKPTIO_RETURN_IF_ERROR(check_key(r.key));
-      CKPTIO_RETURN_IF_ERROR(open_for_read(join_path(root, r.key), direct, settings.direct_io, it->second));
+      CKPTIO_RETURN_IF_ERROR(open_for_read(root, r.key, direct, settings.direct_io, it->second));
     }
     OpenFile& f = it->second;
     files[i] = &f;

@@ -72,6 +72,11 @@ struct IndexLimits {
   uint32_t max_rank = 32;
   uint64_t max_leaves = 10'000'000;
   uint64_t max_shards_per_leaf = 1'000'000;
+  // Members of any one object outside the schema's own fields (metadata,
+  // prefix names, unknown fields): their keys are kept to refuse duplicates,
+  // at ~70 bytes each beyond the key, which would otherwise be the reader's
+  // largest cost per input byte (7x for an object of short keys).
+  uint64_t max_object_members = 1'000'000;
   // A manifest of one process in a multi-process save (src/manifest.h): the
   // shards of a leaf must still be disjoint, but may leave holes (other
   // processes write the rest). Never set for a step's index.

@@ -117,8 +117,11 @@ struct ManagerOptions {
   int max_in_flight = 1;   // saves queued or running at once
   int max_to_keep = 0;     // committed steps kept by retention; 0 = all
   int64_t keep_every = 0;  // steps divisible by this are never deleted; 0 = none
-  // Discovery and restore treat an index that fails to parse as an error
-  // instead of skipping the step with a warning.
+  // Damage is an error instead of a fallback: discovery (all_steps,
+  // latest_step) fails on an index that does not parse, or on a step
+  // directory that lost its index on a POSIX-like store, instead of skipping
+  // the step with a warning; restore(nullopt) fails on the newest damaged
+  // step (index or data) instead of falling back past it.
   bool strict = false;
   // Runs once per save that returned a handle, success or failure, on the
   // manager's worker thread, before that save's handle completes (so after
@@ -211,11 +214,26 @@ struct RestoreOptions {
   std::optional<uint64_t> coalesce_gap;
 };
 
+// A newer committed step that restore(nullopt) passed over because it is
+// damaged.
+struct SkippedStep {
+  int64_t step = 0;
+  // Always kDataLoss. Names what is damaged: the index ("<base>/run-5/
+  // ckptio_index.json: ..."), or the leaf, shard, byte range and data file
+  // and what is wrong with it (checksum mismatch, data file missing, file
+  // shorter than the range).
+  Status error;
+};
+
 struct RestoredState {
   int64_t step = 0;
   std::string metadata_json;
   std::vector<Tensor> leaves;
   RestoreStats stats;
+  // restore(nullopt) only: the newer steps skipped as damaged, newest first.
+  // Empty when the newest committed step restored. Each skip is also logged
+  // as a warning.
+  std::vector<SkippedStep> skipped;
 };
 
 // A step directory seen by discovery, committed or not (for `ckptio ls`).
@@ -242,18 +260,41 @@ class CheckpointManager {
   // Waits for every save so far; returns the first error among them.
   Status wait_until_finished();
 
-  // Committed steps only, ascending. A step whose index fails to parse is
-  // skipped with a warning (an error in strict mode).
+  // Committed steps only, ascending. A step whose index fails to parse, or
+  // (POSIX-like stores, where a final directory always holds its index) a
+  // step directory holding data but no index, is skipped with a warning (an
+  // error in strict mode). Data files are not read: see restore/verify.
   Result<std::vector<int64_t>> all_steps();
   Result<std::optional<int64_t>> latest_step();
   // Every step directory, committed or not, with sizes (slower: lists all).
   Result<std::vector<StepInfo>> list_step_dirs();
 
+  // kNotFound when the step is not committed; kDataLoss when its index does
+  // not parse, or when its directory holds data but no index on a POSIX-like
+  // store (the index was deleted or lost).
   Result<Index> read_index(int64_t step);
-  // step nullopt: the latest committed step whose index parses (falls back
-  // to older steps with a warning unless strict).
+  // Restores `step`, or with nullopt the newest intact committed step.
+  //
+  // Errors name what is damaged: kDataLoss with the leaf, shard, byte range
+  // and data file and what is wrong (checksum mismatch, data file missing,
+  // file shorter than the range), or the index and why it does not parse.
+  //
+  // nullopt (restore-latest): tries committed steps newest first. A step
+  // whose index or data is damaged (kDataLoss) is skipped with a warning and
+  // listed in RestoredState::skipped, and the next older step is tried; with
+  // ManagerOptions::strict the first damaged step's error is returned
+  // instead. Every other error is returned at once, never a reason to fall
+  // back: transient or I/O errors (kUnavailable, kIOError, kPermissionDenied)
+  // and errors in `options` (bad regex, template mismatch, destinations).
+  // If every committed step is damaged: kDataLoss listing them; if none is
+  // committed: kNotFound. A fallback costs the reads of the damaged steps.
+  // With `options.into`, a failed attempt may already have written part of
+  // a damaged step into the destinations; the restored step then overwrites
+  // every destination of a leaf it holds.
   Result<RestoredState> restore(std::optional<int64_t> step, const RestoreOptions& options = {});
-  // Reads every byte of a step and checks every checksum.
+  // Reads every byte of a step and checks every checksum. kDataLoss names
+  // every damaged data file (missing, or of the wrong size) and every
+  // damaged shard (leaf, shard, byte range, file) found, up to 20.
   Status verify(int64_t step);
 
   // Applies retention now (max_to_keep / keep_every as given).

@@ -26,7 +26,9 @@ inline std::string show(const std::vector<std::string>& args, const CliResult& r
          "\n  stderr: " + r.err.substr(0, 4000);
 }
 
-inline CliResult run_cli(const std::vector<std::string>& args) {
+// `in_child` runs in the forked child just before exec (e.g. to drop
+// capabilities); it must only make async-signal-safe calls.
+inline CliResult run_cli(const std::vector<std::string>& args, void (*in_child)() = nullptr) {
   int out_pipe[2], err_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0) return {};
   std::vector<std::string> storage = {CKPTIO_CLI_PATH};
@@ -38,6 +40,7 @@ inline CliResult run_cli(const std::vector<std::string>& args) {
   if (pid == 0) {
     dup2(out_pipe[1], 1);
     dup2(err_pipe[1], 2);
+    if (in_child) in_child();
     execv(argv[0], argv.data());
     _exit(127);
   }

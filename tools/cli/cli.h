@@ -58,6 +58,7 @@ struct GlobalOptions {
   std::string request_size;    // SIZE; "" = the backend default
   uint32_t queue_depth = 0;
   std::string step_format = "run-{step}";
+  bool strict = false;  // ManagerOptions::strict: damage is an error, never skipped
 
   // S3 (StorageOptions::S3). Empty / zero = the AWS conventions and the
   // backend's defaults. Credentials are deliberately absent: they come only
@@ -132,6 +133,11 @@ inline std::unique_ptr<CheckpointManager> open_manager(const GlobalOptions& g,
 // The index of the step asked for, or of the latest committed one;
 // kExitNotFound when there is none, kExitFailed when it cannot be read.
 Index resolve_index(CheckpointManager& m, const std::string& uri, std::optional<int64_t> step);
+// Ascending: every step that is committed or whose commit record is damaged
+// (an index that does not parse, or a POSIX step directory that lost it):
+// what verify --all checks and where synth check's restore-latest starts.
+// kExitNotFound when there is none.
+std::vector<int64_t> committed_or_damaged_steps(CheckpointManager& m, const std::string& uri);
 
 // Bytes currently stored under a step's temporary attempt directories (the
 // save-progress estimate; the API has no progress hook).
@@ -182,6 +188,9 @@ struct CheckOutcome {
   double restore_seconds = 0;
   bool verified = false;
   std::string error;  // set when !verified: names the leaf (and element)
+  // The failure is damage to the stored step (kDataLoss: index or data), not
+  // a difference from the generator or an I/O error.
+  bool damaged = false;
 };
 // Restores `step` (whole, or in batches of leaves when it would not fit in
 // half the available memory, or above `batch_bytes` when that is > 0) and

@@ -224,6 +224,7 @@ std::string step_dir_name(const GlobalOptions& g, int64_t step) {
 ManagerOptions manager_options(const GlobalOptions& g) {
   ManagerOptions o;
   o.step_format = g.step_format;
+  o.strict = g.strict;
   if (!g.chunk_size.empty()) o.chunk_size = size_arg(g.chunk_size, "--chunk-size");
   if (!g.staging_budget.empty()) {
     o.staging_budget = size_arg(g.staging_budget, "--staging-budget");
@@ -301,6 +302,25 @@ Index resolve_index(CheckpointManager& m, const std::string& uri, std::optional<
     fail_status(index.status(), "step " + std::to_string(*step), code);
   }
   return std::move(index).value();
+}
+
+std::vector<int64_t> committed_or_damaged_steps(CheckpointManager& m, const std::string& uri) {
+  auto dirs = m.list_step_dirs();
+  if (!dirs.ok()) fail_status(dirs.status(), "list " + uri);
+  std::vector<int64_t> steps;
+  for (const StepInfo& d : *dirs) {
+    if (d.name.find(".tmp-") != std::string::npos || d.name.find(".del-") != std::string::npos) continue;
+    if (d.committed) {
+      steps.push_back(d.step);
+      continue;
+    }
+    const Status st = m.read_index(d.step).status();
+    if (st.code() == Code::kNotFound) continue;  // not committed: a save in progress, a dead attempt
+    if (!st.data_loss()) fail_status(st, "step " + std::to_string(d.step));
+    steps.push_back(d.step);
+  }
+  if (steps.empty()) fail(kExitNotFound, "no committed step at " + uri);
+  return steps;
 }
 
 uint64_t bytes_in_flight(Storage& storage, const std::string& step_dir) {

@@ -29,7 +29,7 @@ SIZE:   bytes, or a number with a suffix: K/KiB, M/MiB, G/GiB, T/TiB are powers
 Exit codes:
         0  success
         1  the operation failed (verify or synth check found damage, a save
-           failed, an I/O error)
+           failed, an I/O error, a permission denied)
         2  usage error (bad option, subcommand, URI or SIZE)
         3  not found (no such step, no committed step, no such directory)
 Errors are one line on stderr: "ckptio: <message>". Progress lines appear on
@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
   app.add_option("--step-format", g.step_format,
                  "Step directory name; {step} is the step number (default run-{step})");
+  app.add_flag("--strict", g.strict,
+               "Treat a damaged step as an error: `synth check` without --step fails on the newest "
+               "damaged step instead of skipping it (ManagerOptions::strict)");
   auto* local = "Local backend";
   app.add_option("--direct-io", g.direct_io, "O_DIRECT: auto (fall back when refused), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))

@@ -188,6 +188,7 @@ CheckOutcome check_synth_step(CheckpointManager& m, int64_t step, bool show_prog
   auto index = m.read_index(step);
   if (!index.ok()) {
     out.error = index.status().to_string();
+    out.damaged = index.status().data_loss();
     return out;
   }
   const SynthMeta meta = parse_synth_meta(index->metadata_json, step);
@@ -206,6 +207,7 @@ CheckOutcome check_synth_step(CheckpointManager& m, int64_t step, bool show_prog
     out.restore_seconds += since(t0);
     if (!r.ok()) {
       out.error = r.status().to_string();
+      out.damaged = r.status().data_loss();
       if (r.status().data_loss()) {
         // A checksum failed: read again without checksums to name the element.
         auto raw = m.restore(step, batch_options(layout, b, /*verify=*/false));
@@ -331,16 +333,45 @@ int run_check(const GlobalOptions& g, const CheckCmd& o) {
   if (o.sharding.any() || !o.coalesce_gap.empty())
     return run_sharded_check(g, o.sharding, ShardedCheckArgs{o.uri, o.step, o.coalesce_gap, o.json});
   auto m = open_manager(g, o.uri, Access::kRead);
-  const int64_t step = resolve_index(*m, o.uri, o.step).step;
   const uint64_t batch = o.batch.empty() ? 0 : size_arg(o.batch, "--batch");
-  const CheckOutcome c = check_synth_step(*m, step, /*show_progress=*/true, batch);
+  // --step N checks that step. Without it, as a restarting trainer's
+  // restore-latest does: the newest committed step, skipping damaged ones
+  // (index or data; each printed) unless --strict.
+  std::vector<int64_t> candidates;
+  if (o.step) {
+    candidates.push_back(resolve_index(*m, o.uri, o.step).step);
+  } else {
+    candidates = committed_or_damaged_steps(*m, o.uri);
+    std::reverse(candidates.begin(), candidates.end());
+  }
+  CheckOutcome c;
+  nlohmann::json skipped = nlohmann::json::array();
+  std::string skipped_text;
+  for (int64_t step : candidates) {
+    c = check_synth_step(*m, step, /*show_progress=*/true, batch);
+    if (c.verified || !c.damaged || o.step || g.strict) break;
+    skipped.push_back({{"step", step}, {"error", c.error}});
+    skipped_text += (skipped_text.empty() ? "" : ", ") + std::to_string(step);
+    if (!o.json)
+      std::printf("step %lld: skipped, damaged: %s\n", static_cast<long long>(step), c.error.c_str());
+    std::fflush(stdout);
+  }
+  if (!c.verified && !skipped.empty() && skipped.size() == candidates.size()) {
+    std::string all;
+    for (const auto& e : skipped) all += "; step " + std::to_string(e["step"].get<int64_t>()) + ": " +
+                                         e["error"].get<std::string>();
+    c.error = "every committed step at " + o.uri + " is damaged" + all;
+  } else if (!c.verified && !skipped.empty()) {
+    c.error = "after skipping damaged step(s) " + skipped_text + ": " + c.error;
+  }
   if (o.json) {
     nlohmann::json out = {{"step", c.step},
                           {"bytes", c.bytes},
                           {"leaves", c.leaves},
                           {"restore_seconds", round_to(c.restore_seconds, 4)},
                           {"restore_gbps", round_to(gbps(c.bytes, c.restore_seconds), 4)},
-                          {"verified", c.verified}};
+                          {"verified", c.verified},
+                          {"skipped", skipped}};
     if (!c.verified) out["error"] = c.error;
     std::printf("%s\n", out.dump(2).c_str());
   } else if (c.verified) {
@@ -348,6 +379,9 @@ int run_check(const GlobalOptions& g, const CheckCmd& o) {
                 static_cast<long long>(c.step), format_bytes(c.bytes).c_str(), c.leaves,
                 format_seconds(c.restore_seconds).c_str(),
                 format_gbps(c.bytes, c.restore_seconds).c_str());
+    if (!skipped.empty())
+      std::printf("restored step %lld after skipping damaged step(s) %s\n", static_cast<long long>(c.step),
+                  skipped_text.c_str());
   }
   if (!c.verified) fail(kExitFailed, c.error);
   return kExitOk;
@@ -393,12 +427,14 @@ void add_synth(CLI::App& app, const GlobalOptions& g, Command* run) {
   auto* check = synth->add_subcommand(
       "check", "Restore a synth step and compare every byte with the generator (exit 1 on a difference)");
   check->add_option("URI", c->uri, "Checkpoint location")->required();
-  check->add_option("--step", c->step, "Step to check (default: the latest committed)");
+  check->add_option("--step", c->step,
+                    "Step to check (default: the latest committed; damaged newer steps are skipped "
+                    "and printed, as restore-latest does, unless --strict)");
   check->add_option("--batch", c->batch,
                     "Restore at most SIZE at a time (default: all at once if it fits in half "
                     "of the available memory)");
   check->add_flag("--json", c->json,
-                  "Print {step, bytes, leaves, restore_gbps, verified}; with a sharding {step, mesh, processes, "
+                  "Print {step, bytes, leaves, restore_gbps, verified, skipped: [{step, error}]}; with a sharding {step, mesh, processes, "
                   "bytes_needed, bytes_read, read_ratio, requests, restore_gbps, verified}");
   add_sharding_options(check, c->sharding);
   check->add_option("--coalesce-gap", c->coalesce_gap,

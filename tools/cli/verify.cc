@@ -20,20 +20,14 @@ struct VerifyOptions {
 int run_verify(const GlobalOptions& g, const VerifyOptions& o) {
   auto m = open_manager(g, o.uri, Access::kRead);
   std::vector<int64_t> steps;
-  if (o.all) {
-    // Every final step directory with an index, including those whose index
-    // is damaged (all_steps() would skip them with a warning).
-    auto dirs = m->list_step_dirs();
-    if (!dirs.ok()) fail_status(dirs.status(), "list " + o.uri);
-    for (const StepInfo& d : *dirs) {
-      if (d.name.find(".tmp-") != std::string::npos || d.name.find(".del-") != std::string::npos)
-        continue;
-      if (d.committed || m->read_index(d.step).status().code() != Code::kNotFound)
-        steps.push_back(d.step);
-    }
-    if (steps.empty()) fail(kExitNotFound, "no committed step at " + o.uri);
-  } else {
+  if (o.step) {
     steps.push_back(resolve_index(*m, o.uri, o.step).step);
+  } else {
+    // Every committed step, including those whose index is damaged (which
+    // all_steps() and restore-latest skip with a warning): verify reports
+    // damage, it never skips it. Without --all, the newest of them.
+    steps = committed_or_damaged_steps(*m, o.uri);
+    if (!o.all) steps.erase(steps.begin(), steps.end() - 1);
   }
 
   nlohmann::json results = nlohmann::json::array();
@@ -76,7 +70,9 @@ void add_verify(CLI::App& app, const GlobalOptions& g, Command* run) {
   auto* sub = app.add_subcommand(
       "verify", "Read every byte of a step and check every checksum (exit 1 on damage)");
   sub->add_option("URI", o->uri, "Checkpoint location")->required();
-  auto* step = sub->add_option("--step", o->step, "Step to verify (default: the latest committed)");
+  auto* step = sub->add_option("--step", o->step,
+                                "Step to verify (default: the newest committed step, also when its "
+                                "index is damaged)");
   sub->add_flag("--all", o->all, "Verify every committed step")->excludes(step);
   sub->add_flag("--json", o->json, "Print {step, ok, bytes, seconds, error} (an array with --all)");
   sub->callback([o, &g, run] { *run = [o, &g] { return run_verify(g, *o); }; });

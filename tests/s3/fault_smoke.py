@@ -519,7 +519,10 @@ def faults(p, prefix):
         except (ConnectionError, http.client.HTTPException):
             resets += 1
         conn.close()
-    r0 = p.stats()["rules"][0]
+    st = p.stats()
+    r0 = st["rules"][0]
+    check(st["connections"] == 24, f"stats: {st['connections']} connections, want 24 (control "
+                                   "connections are not counted)")
     check(0 < resets < 24 and r0["connections"] == 24 and r0["chosen"] == resets
           and r0["injected"] == resets and r0["matched"] == 48 - resets,
           f"per=connection prob=0.5: {resets} of 24 connections reset, rule {r0}")

@@ -30,7 +30,19 @@ std::byte* BufferPool::acquire() {
   }
   ++allocated_;
   lock.unlock();
-  return allocate_buffer();
+  // Faulted in whole now, as reserve() does: a buffer kept for later saves
+  // must not take fresh page faults (and resident memory) save after save
+  // as larger slices of it get used.
+  std::byte* b = allocate_buffer();
+  populate(b);
+  return b;
+}
+
+void BufferPool::populate(std::byte* b) const {
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+  if (::madvise(b, chunk_, MADV_POPULATE_WRITE) != 0) std::memset(b, 0, chunk_);  // older kernels
 }
 
 std::byte* BufferPool::allocate_buffer() const {
@@ -53,13 +65,10 @@ void BufferPool::reserve(uint64_t n) {
     make = n - allocated_;
     allocated_ = n;
   }
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23  // Linux 5.14
-#endif
   std::vector<std::byte*> made;
   for (uint64_t i = 0; i < make; ++i) {
     std::byte* b = allocate_buffer();
-    if (::madvise(b, chunk_, MADV_POPULATE_WRITE) != 0) std::memset(b, 0, chunk_);  // older kernels
+    populate(b);
     made.push_back(b);
   }
   {

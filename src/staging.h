@@ -30,7 +30,8 @@ class BufferPool {
   // now. Copy mode calls it at the start of a save with the chunks it needs:
   // the first save pays for touching fresh memory (slow on a VM), later saves
   // of the same state never allocate (acquire() alone grows the pool only as
-  // far as the writes lag the copy, so each save could touch a few more).
+  // far as the writes lag the copy, and faults each buffer it adds in whole,
+  // so resident memory stops growing once the pool does).
   void reserve(uint64_t n);
   uint64_t chunk() const { return chunk_; }
   uint64_t capacity() const { return capacity_; }
@@ -44,6 +45,7 @@ class BufferPool {
   uint64_t allocated_ = 0;
 
   std::byte* allocate_buffer() const;
+  void populate(std::byte* b) const;  // faults every page of a buffer in
 };
 
 // A few long-lived threads that join the calling thread on one task: run(fn)

@@ -166,6 +166,27 @@ TEST_F(S3MotoFaulty, CompleteWithErrorInside200IsRetried) {
   EXPECT_TRUE(m.verify(1).ok());
 }
 
+// The server completes the upload but its answer is lost (a reset after the
+// upstream answered): the retry finds no such upload (S3: 404 NoSuchUpload;
+// moto: 500). The object is there, with the ETag these parts make: the save
+// succeeds, and the object is not deleted or re-uploaded.
+TEST_F(S3MotoFaulty, CompleteWhoseAnswerIsLostSucceeds) {
+  rules("fault=reset op=CompleteMultipartUpload when=response count=1");
+  auto big = random_bytes(2 * kS3TestPart + 10, 8);
+  int32_t n = 1;
+  CheckpointManager m(store_, manager_options());
+  auto h = m.save(1, state(big, n));
+  ASSERT_TRUE(h.ok());
+  Status st = h->wait();
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(count("faults.reset"), 1);
+  EXPECT_EQ(count("op.AbortMultipartUpload"), 0);
+  EXPECT_EQ(count("op.UploadPart"), 3) << "parts uploaded again";
+  auto r = m.restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(std::memcmp(r->leaves[0].data.data(), big.data(), big.size()), 0);
+}
+
 // If-Match: a ranged read that started on one version of an object fails
 // rather than mixing in bytes of a newer version written meanwhile.
 TEST_F(S3MotoFaulty, ReadNeverMixesVersions) {

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstdio>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -49,6 +50,11 @@ struct Transfer {
   size_t seg = 0;          // scatter: the buffer being filled
   uint64_t seg_pos = 0;    // and how far
   Clock::time_point not_before;
+  // The stall timer (on_progress): when a byte last moved either way.
+  Clock::duration stall_limit{};
+  Clock::time_point last_progress;
+  curl_off_t seen_down = -1, seen_up = -1;
+  bool stalled = false;
 };
 
 namespace {
@@ -127,6 +133,25 @@ size_t on_read(char* buf, size_t size, size_t n, void* p) {
   std::memcpy(buf, t->req.body.data() + t->body_pos, len);
   t->body_pos += len;
   return len;
+}
+
+// A transfer that moves no byte, either way, for stall_timeout_s fails.
+// curl's own low-speed check (kept as a backstop) averages the speed over
+// its last ~5 s, so after a burst -- a part sent into the socket buffers, or
+// half a body received -- it fires up to 5 s late; this one counts from the
+// last byte. curl calls it at least once a second, also while nothing moves.
+int on_progress(void* p, curl_off_t, curl_off_t dlnow, curl_off_t, curl_off_t ulnow) {
+  auto* t = static_cast<Transfer*>(p);
+  const auto now = Clock::now();
+  if (dlnow != t->seen_down || ulnow != t->seen_up) {
+    t->seen_down = dlnow;
+    t->seen_up = ulnow;
+    t->last_progress = now;
+    return 0;
+  }
+  if (now - t->last_progress < t->stall_limit) return 0;
+  t->stalled = true;
+  return 1;  // CURLE_ABORTED_BY_CALLBACK, reported as CURLE_OPERATION_TIMEDOUT
 }
 
 int on_seek(void* p, curl_off_t offset, int origin) {
@@ -251,6 +276,12 @@ struct HttpClient::Loop {
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(opt.connect_timeout_s * 1000));
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, std::max(1L, static_cast<long>(opt.stall_timeout_s)));
+    t->stall_limit = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(opt.stall_timeout_s));
+    t->last_progress = Clock::now();
+    curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(e, CURLOPT_XFERINFODATA, t.get());
     curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 512L * 1024);
     curl_easy_setopt(e, CURLOPT_UPLOAD_BUFFERSIZE, 512L * 1024);
     curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, opt.verify_tls ? 1L : 0L);
@@ -304,6 +335,12 @@ struct HttpClient::Loop {
     connections += static_cast<uint64_t>(fresh);
     t->resp.status = status;
     std::string message = code == CURLE_OK ? "" : curl_easy_strerror(code);
+    if (code == CURLE_ABORTED_BY_CALLBACK && t->stalled) {
+      code = CURLE_OPERATION_TIMEDOUT;
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "stalled: no byte moved for %g s", opt.stall_timeout_s);
+      message = buf;
+    }
     finish(std::move(t), code, message);
   }
 

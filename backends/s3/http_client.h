@@ -61,7 +61,8 @@ struct HttpClientOptions {
   uint32_t max_in_flight = 32;     // requests handed to curl at once
   double connect_timeout_s = 10;
   // A transfer that moves no byte for this long fails with
-  // CURLE_OPERATION_TIMEDOUT (a stall, not a slow transfer).
+  // CURLE_OPERATION_TIMEDOUT (a stall, not a slow transfer): counted from the
+  // last byte either way, checked about once a second.
   double stall_timeout_s = 60;
   // Shared between calls: CA file etc. come from curl's defaults.
   bool verify_tls = true;

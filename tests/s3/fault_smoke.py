@@ -14,7 +14,7 @@ proxy run by this script); then each fault kind through the control API:
 upstream did the work, skip/count, truncation, resets (before and midway
 through a body), a graceful close, a stall, a slow close, a 200 with an
 <Error> for CompleteMultipartUpload, latency, a bandwidth cap, seeded
-probabilities, bad rules (400), the stats; and transparency again after a
+probabilities, faults per connection (per=connection within=N), bad rules (400), the stats; and transparency again after a
 reset. Exit 1 on any failure, 77 (skip) when the server is not installed
 (1 when CI=true).
 """
@@ -493,6 +493,43 @@ def faults(p, prefix):
     check(f"faults.status {patterns[0].count('x')}" in text and "op.HeadObject 24" in text,
           f"stats?format=text: {text}")
     ok(f"prob=0.5 seed 1234 repeats: {patterns[0]}")
+
+    # per=connection: the coin is tossed once per client connection, and a
+    # chosen connection gets the fault at one of its first `within` matches
+    p.reset(seed=99)
+    p.rules([f"status=503 per=connection within=3 op=HeadObject path={kre}"])
+    seen = []
+    for _ in range(3):
+        conn = http.client.HTTPConnection(p.host, p.port, timeout=30)
+        seen.append("".join("x" if p.req("HEAD", key, conn=conn).status == 503 else "."
+                            for _ in range(5)))
+        conn.close()
+    r0 = p.stats()["rules"][0]
+    check(all(s.count("x") == 1 and "x" in s[:3] for s in seen)
+          and r0["connections"] == 3 and r0["chosen"] == 3 and r0["injected"] == 3,
+          f"per=connection within=3: {seen}, rule {r0}")
+    p.reset(seed=99)
+    p.rules([f"fault=reset per=connection prob=0.5 op=HeadObject path={kre}"])
+    resets = 0
+    for _ in range(24):
+        conn = http.client.HTTPConnection(p.host, p.port, timeout=30)
+        try:
+            for _ in range(2):   # only a connection's first HEAD can be reset
+                check(p.req("HEAD", key, conn=conn).status == 200, "per=connection: HEAD")
+        except (ConnectionError, http.client.HTTPException):
+            resets += 1
+        conn.close()
+    st = p.stats()
+    r0 = st["rules"][0]
+    check(st["connections"] == 24, f"stats: {st['connections']} connections, want 24 (control "
+                                   "connections are not counted)")
+    check(0 < resets < 24 and r0["connections"] == 24 and r0["chosen"] == resets
+          and r0["injected"] == resets and r0["matched"] == 48 - resets,
+          f"per=connection prob=0.5: {resets} of 24 connections reset, rule {r0}")
+    text = p.ctl("GET", "/stats?format=text").decode()
+    check(f"rule.0.chosen {resets}" in text and "rule.0.connections 24" in text,
+          f"stats?format=text: {text}")
+    ok(f"per=connection: one fault per chosen connection ({resets} of 24 reset at prob=0.5)")
 
     # bad rules are refused, text rules accepted, append works
     p.ctl("POST", "/rules", b'[{"fault": "explode"}]', expect=400)

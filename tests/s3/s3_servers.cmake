@@ -12,11 +12,14 @@
 # front of the server CKPTIO_S3_UPSTREAM_NAME, which it requires):
 #   s3_NAME_start  FIXTURES_SETUP   s3_NAME  (fault-proxy start <upstream>/server.env <state>)
 #   s3_NAME_stop   FIXTURES_CLEANUP s3_NAME  (fault-proxy stop <state>)
-#   s3_NAME_smoke  FIXTURES_REQUIRED s3_NAME (tests/s3/fault_smoke.py: forwarding and faults)
+#   s3_NAME_smoke  FIXTURES_REQUIRED s3_NAME (tests/s3/fault_smoke.py: forwarding and
+#                  every fault kind; for the proxies of one test file, probe.py --quick)
 #
 # GoogleTest cases reach a server by their names (see ckptio_s3_tests below):
 #   S3MotoSigV4*  -> moto_sigv4   (names starting so, or ending in /MotoSigV4)
 #   S3MotoFaulty* -> moto_faulty  (names starting so, or ending in /MotoFaulty)
+#   S3MotoChaos*  -> moto_chaos   (tests/s3_chaos_test.cc: its own proxy)
+#   S3MotoSoak*   -> moto_soak    (tests/soak_test.cc: its own proxy)
 #   S3Moto*       -> moto         (names starting so, or ending in /Moto)
 #   S3S3rver*     -> s3rver       (names starting so, or ending in /S3rver)
 # Such a test gets FIXTURES_REQUIRED s3_NAME and the environment variable
@@ -30,17 +33,26 @@ set(CKPTIO_S3_KIND_moto moto)
 set(CKPTIO_S3_KIND_s3rver s3rver)
 set(CKPTIO_S3_KIND_moto_sigv4 moto-sigv4)
 # Fault proxies (tests/s3/fault-proxy): NAME -> the server it stands in front of.
-set(CKPTIO_S3_PROXIES moto_faulty)
+# moto_chaos and moto_soak serve one test file each, so that the chaos
+# scenarios, the soak and the S3MotoFaulty cases run side by side (each
+# proxy's rules are global to it); their smoke test is the quick probe, the
+# fault kinds being checked once, on moto_faulty.
+set(CKPTIO_S3_PROXIES moto_faulty moto_chaos moto_soak)
 set(CKPTIO_S3_UPSTREAM_moto_faulty moto)
+set(CKPTIO_S3_UPSTREAM_moto_chaos moto)
+set(CKPTIO_S3_UPSTREAM_moto_soak moto)
+set(CKPTIO_S3_FULL_SMOKE_moto_faulty TRUE)
 # Checked in this order; the first match wins (S3MotoSigV4 and S3MotoFaulty
 # before S3Moto, whose regex also matches their names).
 # A name either starts with the prefix (suite name, or the instantiation name
 # of INSTANTIATE_TEST_SUITE_P, which GoogleTest puts first), or ends in
 # /Moto etc. from a parameter-name generator; gtest_discover_tests may append
 # "  # GetParam() = ..." to such names, hence the optional tail.
-set(CKPTIO_S3_RULE_ORDER moto_sigv4 moto_faulty moto s3rver)
+set(CKPTIO_S3_RULE_ORDER moto_sigv4 moto_faulty moto_chaos moto_soak moto s3rver)
 set(CKPTIO_S3_REGEX_moto_sigv4 "^S3MotoSigV4|/MotoSigV4( +#.*)?$")
 set(CKPTIO_S3_REGEX_moto_faulty "^S3MotoFaulty|/MotoFaulty( +#.*)?$")
+set(CKPTIO_S3_REGEX_moto_chaos "^S3MotoChaos")
+set(CKPTIO_S3_REGEX_moto_soak "^S3MotoSoak")
 set(CKPTIO_S3_REGEX_moto "^S3Moto|/Moto( +#.*)?$")
 set(CKPTIO_S3_REGEX_s3rver "^S3S3rver|/S3rver( +#.*)?$")
 
@@ -75,8 +87,13 @@ foreach(name IN LISTS CKPTIO_S3_PROXIES)
   # requires the upstream too, so that the upstream stops after the proxy
   set_tests_properties(s3_${name}_stop PROPERTIES
     FIXTURES_CLEANUP s3_${name} FIXTURES_REQUIRED s3_${upstream} TIMEOUT 60)
-  add_test(NAME s3_${name}_smoke
-           COMMAND ${CKPTIO_S3_TOOLS}/fault_smoke.py --env ${state}/server.env)
+  if(CKPTIO_S3_FULL_SMOKE_${name})
+    add_test(NAME s3_${name}_smoke
+             COMMAND ${CKPTIO_S3_TOOLS}/fault_smoke.py --env ${state}/server.env)
+  else()
+    add_test(NAME s3_${name}_smoke
+             COMMAND ${CKPTIO_S3_TOOLS}/probe.py --env ${state}/server.env --quick)
+  endif()
   set_tests_properties(s3_${name}_smoke PROPERTIES
     FIXTURES_REQUIRED "s3_${name};s3_${upstream}" RESOURCE_LOCK s3_${name}
     SKIP_RETURN_CODE 77 TIMEOUT 120)

@@ -174,9 +174,19 @@ Result<Index> merge_manifests(std::vector<Manifest> manifests) {
   };
   std::map<std::pair<std::string, std::string>, Merged> at;
   std::map<std::string, size_t> prefix_at;
+  std::map<std::string, std::string> file_owner;  // data file name -> "process N"
   for (Manifest& m : manifests) {
     const std::string who = "process " + std::to_string(m.process_index);
-    for (DataFileRecord& f : m.index.files) out.files.push_back(std::move(f));
+    // Each process writes files of its own; two manifests claiming one file
+    // would make an index that lists it twice (and one process's bytes
+    // described by another's records).
+    for (DataFileRecord& f : m.index.files) {
+      auto [it, fresh] = file_owner.emplace(f.name, who);
+      if (!fresh)
+        return Status(Code::kFailedPrecondition,
+                      "data file " + f.name + " is listed by " + it->second + " and by " + who);
+      out.files.push_back(std::move(f));
+    }
     for (PrefixRecord& p : m.index.prefixes) {
       auto [pit, pfresh] = prefix_at.emplace(p.name, out.prefixes.size());
       if (pfresh) out.prefixes.push_back(PrefixRecord{p.name, {}});

@@ -429,6 +429,29 @@ TEST(Manifest, RoundTripsAndRefusesWhatIsNotOne) {
   EXPECT_NE(f->error->find("ENOSPC"), std::string::npos);
 }
 
+// Found by fuzz/manifest_fuzz (fuzz/corpus/manifest/dup-file-across-processes):
+// two manifests claiming the same data file merged into an index that lists
+// it twice, which the step parser then refuses. The merge refuses first,
+// naming the file and both processes.
+TEST(Manifest, MergeRefusesADataFileClaimedByTwoProcesses) {
+  Manifest a;
+  a.attempt = "0123456789abcdef";
+  a.process_count = 2;
+  a.index.files.push_back({"data-0123456789abcdef-p0-0.bin", 0});
+  a.index.prefixes.push_back(PrefixRecord{"model", {LeafRecord{"e", DType::kFloat32, {0, 4}, {}}}});
+  Manifest b = a;
+  b.process_index = 1;
+  auto merged = merge_manifests({a, b});
+  ASSERT_FALSE(merged.ok());
+  EXPECT_EQ(merged.status().code(), Code::kFailedPrecondition);
+  EXPECT_EQ(merged.status().message(),
+            "data file data-0123456789abcdef-p0-0.bin is listed by process 0 and by process 1");
+  b.index.files[0].name = "data-0123456789abcdef-p1-0.bin";
+  merged = merge_manifests({a, b});
+  ASSERT_TRUE(merged.ok()) << merged.status().to_string();
+  EXPECT_TRUE(parse_index(serialize_index(*merged)).ok());
+}
+
 TEST(CoverCheck, NamesTheRegion) {
   const Shape shape{8, 6};
   std::vector<std::string> who{"p0", "p1", "p2"};

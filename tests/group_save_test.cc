@@ -429,7 +429,7 @@ TEST(Manifest, RoundTripsAndRefusesWhatIsNotOne) {
   EXPECT_NE(f->error->find("ENOSPC"), std::string::npos);
 }
 
-// Found by fuzz/manifest_fuzz (fuzz/corpus/manifest/dup-file-across-processes):
+// Found by fuzz/manifest_fuzz (fuzz/corpus/manifest/crash-dup-file-across-processes.json):
 // two manifests claiming the same data file merged into an index that lists
 // it twice, which the step parser then refuses. The merge refuses first,
 // naming the file and both processes.

@@ -114,6 +114,7 @@ Sockets sockets_to(int port) {
   for (const auto& [fd, what] : open_fds())
     if (what.rfind("socket:[", 0) == 0) mine.insert(what.substr(8, what.size() - 9));
   Sockets s;
+  std::set<std::string> counted;
   std::ifstream in("/proc/self/net/tcp");
   std::string line;
   std::getline(in, line);  // header
@@ -124,6 +125,9 @@ Sockets sockets_to(int port) {
     const auto colon = remote.find(':');
     if (colon == std::string::npos) continue;
     if (std::strtol(remote.c_str() + colon + 1, nullptr, 16) != port || !mine.count(inode)) continue;
+    // The table is read in several chunks while the proxy's and moto's
+    // sockets come and go: a line can be seen twice. Count each socket once.
+    if (!counted.insert(inode).second) continue;
     ++s.total;
     if (state == "01") ++s.established;
   }

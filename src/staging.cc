@@ -133,8 +133,14 @@ void Crew::loop() {
 
 SavePlan plan_save(const std::vector<LeafView>& leaves, uint64_t phase_align) {
   SavePlan plan;
+  // Two passes: whole leaves, then the shards of sharded leaves.
+  auto whole = [](const LeafView& leaf) {
+    return leaf.shards.size() == 1 && leaf.shards[0].box.extent() == leaf.shape;
+  };
+  for (int pass = 0; pass < 2; ++pass)
   for (size_t l = 0; l < leaves.size(); ++l) {
     const LeafView& leaf = leaves[l];
+    if (whole(leaf) != (pass == 0)) continue;
     const size_t item = dtype_size(leaf.dtype);
     for (size_t s = 0; s < leaf.shards.size(); ++s) {
       PlannedShard p;

@@ -84,9 +84,14 @@ struct PlannedShard {
   uint64_t length = 0;
 };
 
-// Shards in leaf order at increasing offsets from 0; back to back unless the
-// plan was asked for phase alignment (then gaps of unspecified bytes, which
-// the writer fills with zeros, may lie between them).
+// Shards at increasing offsets from 0: first the leaves held whole (one shard
+// covering the leaf: unsharded and replicated leaves), then the shards of
+// the other leaves, each group in leaf order. So the leaves every process
+// of a resharded restore needs whole lie together at the start of a data
+// file, one contiguous read, instead of between shards most processes skip.
+// Back to back unless the plan was asked for phase alignment (then gaps of
+// unspecified bytes, which the writer fills with zeros, may lie between
+// them).
 struct SavePlan {
   std::vector<PlannedShard> shards;
   uint64_t total = 0;

@@ -713,6 +713,42 @@ TEST(CrewTest, RunsOnTheCallerAndEveryHelper) {
   }
 }
 
+TEST(SavePlanTest, WholeLeavesFirstThenShardsEachInLeafOrder) {
+  // Sharded leaves interleaved with whole ones: a resharded restore needs
+  // every whole (replicated) leaf, and finds them together at the start.
+  std::vector<std::byte> bytes(64);
+  auto whole = [&](std::string path) {
+    return LeafView::full("m", std::move(path), DType::kUInt8, {4}, bytes.data());
+  };
+  auto halves = [&](std::string path) {
+    LeafView v;
+    v.prefix = "m";
+    v.path = std::move(path);
+    v.dtype = DType::kUInt8;
+    v.shape = {8};
+    v.shards.push_back(ShardView{Box{{0}, {4}}, bytes.data()});
+    v.shards.push_back(ShardView{Box{{4}, {8}}, bytes.data() + 4});
+    return v;
+  };
+  auto partial = [&](std::string path) {  // one shard of a leaf another process writes the rest of
+    LeafView v = halves(std::move(path));
+    v.shards.resize(1);
+    return v;
+  };
+  const std::vector<LeafView> leaves = {halves("a"), whole("b"), partial("c"), whole("d"), halves("e")};
+  const SavePlan plan = plan_save(leaves);
+  std::vector<std::pair<size_t, size_t>> order;
+  uint64_t pos = 0;
+  for (const PlannedShard& p : plan.shards) {
+    order.emplace_back(p.leaf, p.shard);
+    EXPECT_EQ(p.offset, pos);
+    pos += p.length;
+  }
+  EXPECT_EQ(plan.total, pos);
+  const std::vector<std::pair<size_t, size_t>> want = {{1, 0}, {3, 0}, {0, 0}, {0, 1}, {2, 0}, {4, 0}, {4, 1}};
+  EXPECT_EQ(order, want);
+}
+
 TEST(WriteRangesTest, CoverTheFileInOrderOnUnitBoundaries) {
   // Shards at chosen addresses: only the phase of an address matters.
   alignas(4096) static std::byte arena[64];

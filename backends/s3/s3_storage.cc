@@ -374,7 +374,10 @@ class S3StorageImpl : public S3Storage {
     // 2. Ranged GETs, adjacent requests merged (read_plan.h), straight into
     //    the caller's buffers.
     Waiter w;
-    for (RangedGet& g : plan_gets(requests, read_get_bytes())) {
+    std::vector<RangedGet> gets = plan_gets(requests, read_get_bytes());
+    spdlog::debug("ckptio: s3 read of {} ranges from {} objects: {} GETs", requests.size(), heads.size(),
+                  gets.size());
+    for (RangedGet& g : gets) {
       const std::string& etag = heads.at(g.key)->etag;
       const uint64_t len = g.length;
       S3Op op;

@@ -167,6 +167,8 @@ struct RestoreStats {
   // devices counts once).
   uint64_t bytes_needed = 0;
   uint64_t bytes_read = 0;    // bytes requested from storage
+  // Read requests; on object stores, contiguous ranges asked of the backend
+  // (a sharded restore bridges small gaps between leaves, docs/read-planning.md).
   uint64_t requests = 0;
   double seconds = 0;
 };

@@ -23,6 +23,7 @@
 #include "backends/memory/memory_storage.h"
 #include "ckptio/ckptio.h"
 #include "testutil/random_bytes.h"
+#include "testutil/s3_store.h"
 
 namespace ckptio {
 namespace {
@@ -72,13 +73,14 @@ void expect_restored(const RestoredState& r, const std::vector<OwnedLeaf>& want)
 #define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) \
     << "expected \"" << (part) << "\" in: " << (text)
 
-enum class Backend { kMemoryPosix, kMemoryObject, kLocal };
+enum class Backend { kMemoryPosix, kMemoryObject, kLocal, kS3Moto };
 
 std::string backend_name(const ::testing::TestParamInfo<Backend>& info) {
   switch (info.param) {
     case Backend::kMemoryPosix: return "MemoryPosix";
     case Backend::kMemoryObject: return "MemoryObjectStore";
     case Backend::kLocal: return "Local";
+    case Backend::kS3Moto: return "Moto";  // tests/s3/s3_servers.cmake starts moto for it
   }
   return "Unknown";
 }
@@ -94,6 +96,13 @@ class CorruptionTest : public ::testing::TestWithParam<Backend> {
                                             std::to_string(counter_++));
         fs::remove_all(dir_);
         auto s = make_local_storage(dir_.string());
+        ASSERT_TRUE(s.ok()) << s.status().to_string();
+        base_ = *s;
+        break;
+      }
+      case Backend::kS3Moto: {
+        auto s = testutil::open_s3_test_store();
+        if (s.status().code() == Code::kUnimplemented) GTEST_SKIP() << s.status().to_string();
         ASSERT_TRUE(s.ok()) << s.status().to_string();
         base_ = *s;
         break;
@@ -117,7 +126,7 @@ class CorruptionTest : public ::testing::TestWithParam<Backend> {
   std::unique_ptr<CheckpointManager> manager(ManagerOptions o = {}) {
     return std::make_unique<CheckpointManager>(faults_, std::move(o));
   }
-  bool posix_like() const { return GetParam() != Backend::kMemoryObject; }
+  bool posix_like() const { return GetParam() != Backend::kMemoryObject && GetParam() != Backend::kS3Moto; }
 
   const ShardRecord& shard_of(const std::string& prefix, const std::string& path) const {
     for (const auto& p : index2_.prefixes)
@@ -458,7 +467,8 @@ TEST_P(CorruptionTest, BadOptionsAreReturnedNotSkippedPastDamage) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, CorruptionTest,
-                         ::testing::Values(Backend::kMemoryPosix, Backend::kMemoryObject, Backend::kLocal),
+                         ::testing::Values(Backend::kMemoryPosix, Backend::kMemoryObject, Backend::kLocal,
+                                           Backend::kS3Moto),
                          backend_name);
 
 // ---- Hostile symbolic links inside a step directory (local disk) ----------------

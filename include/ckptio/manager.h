@@ -302,6 +302,11 @@ class CheckpointManager {
   // Applies retention now (max_to_keep / keep_every as given).
   Status apply_retention(int max_to_keep, int64_t keep_every);
   // Removes temporaries and leftovers of failed saves not in flight here.
+  // Every attempt not in flight in this manager counts as dead: call it only
+  // while no other process (or manager) saves to this base: removing a live
+  // save's files fails it or, on an object store, can let it commit a step
+  // whose data is gone (restore then skips it as damaged; docs/reliability.md,
+  // "Not yet covered").
   Status gc();
   Status remove_step(int64_t step);
 

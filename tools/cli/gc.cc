@@ -71,7 +71,9 @@ int run_gc(const GlobalOptions& g, const GcOptions& o) {
 void add_gc(CLI::App& app, const GlobalOptions& g, Command* run) {
   auto o = std::make_shared<GcOptions>();
   auto* sub = app.add_subcommand(
-      "gc", "Apply retention, then remove temporaries and leftovers of failed saves");
+      "gc", "Apply retention, then remove temporaries and leftovers of failed saves. Run it only while no "
+      "process is saving to URI: a save in progress elsewhere looks like a leftover, and removing its files fails it or, "
+      "on an object store, can leave it committing a step whose data is gone");
   sub->add_option("URI", o->uri, "Checkpoint location")->required();
   sub->add_option("--keep-last", o->keep_last,
                   "Keep the newest N committed steps, delete older ones (0: delete none)")

@@ -2,10 +2,12 @@
 // S3-compatible server (or anything pretending to be one) sends back.
 //
 // Input: one selector byte, then the body. The selector picks the parser:
-//   0 parse_error (+ status_from_s3_error)   3 parse_list_objects_v2
-//   1 parse_initiate_multipart              4 parse_list_multipart_uploads
-//   2 parse_complete_multipart              5 parse_delete_objects
-// (the byte is taken modulo 6; seeds use the ASCII digits '0'..'5').
+//   0 parse_error (+ status_from_s3_error)   4 parse_list_multipart_uploads
+//   1 parse_initiate_multipart              5 parse_delete_objects
+//   2 parse_complete_multipart              6 parse_list_parts
+//   3 parse_list_objects_v2
+// (an ASCII digit selects its value, any other byte its value modulo 7;
+// seeds use the digits '0'..'6').
 //
 // Properties checked on every input (any violation aborts):
 //   - no parser crashes, hangs, leaks or trips a sanitizer (s3_xml.h: "strict
@@ -84,7 +86,7 @@ void check_delete_round_trip(const std::vector<std::string>& listed) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const int which = data[0] % 6;
+  const int which = (data[0] >= '0' && data[0] <= '9' ? data[0] - '0' : data[0]) % 7;
   const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
 
   switch (which) {
@@ -132,6 +134,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         keys.push_back(u.key);
       }
       check_delete_round_trip(keys);
+      return 0;
+    }
+    case 6: {
+      const auto r = s3::parse_list_parts(body);
+      if (!r.ok()) return check_rejection(r.status(), body, "list_parts"), 0;
+      if (r->truncated && r->next_part_number_marker.empty()) fail("truncated page without a part marker", "");
       return 0;
     }
     default: {

@@ -777,44 +777,61 @@ Status CheckpointManager::apply_retention(int max_to_keep, int64_t keep_every) {
   return first;
 }
 
-Status CheckpointManager::gc() {
+Status CheckpointManager::gc(const GcOptions& options) {
+  if (!(options.min_age_seconds >= 0))
+    return invalid_argument("gc: min_age_seconds must be >= 0, not " + std::to_string(options.min_age_seconds));
   CKPTIO_ASSIGN_OR_RETURN(auto dirs, scan_step_dirs(*storage_, impl_->naming));
   Status first;
   auto note = [&](Status st) { if (!st.ok() && first.ok()) first = st; };
+  const int64_t now = unix_ns_now();
+  const double min_age_ns = options.min_age_seconds * 1e9;
+  // A change at `t` (0: unknown, counts as old) is too recent to remove.
+  auto recent = [&](int64_t t) { return min_age_ns > 0 && t > 0 && static_cast<double>(now - t) < min_age_ns; };
+  // Something under `prefix` changed too recently; an error keeps it too.
+  auto live = [&](const std::string& prefix) {
+    if (min_age_ns <= 0) return false;
+    auto t = storage_->newest_change(prefix);
+    if (!t.ok()) {
+      note(t.status().annotate("gc: age of " + storage_->describe() + "/" + prefix));
+      return true;
+    }
+    return t->has_value() && recent(**t);
+  };
+  auto in_flight_here = [&](const std::string& key) {
+    std::lock_guard lock(impl_->mu);
+    for (const auto& a : impl_->attempts_in_flight)
+      if (key.find(a) != std::string::npos) return true;
+    return false;
+  };
   for (const StepDir& d : dirs) {
     {
       std::lock_guard lock(impl_->mu);
       if (impl_->attempts_in_flight.count(d.attempt)) continue;
     }
     if (d.kind != StepDirKind::kFinal) {
-      note(storage_->remove_prefix(d.name + "/"));
+      if (!live(d.name + "/")) note(storage_->remove_prefix(d.name + "/"));
       continue;
     }
     // Object stores: remove data objects no committed index references
     // (failed attempts, replaced steps). Steps without an index are dead
-    // attempts and go whole.
+    // attempts (or saves in progress elsewhere) and go whole.
     if (storage_->caps().atomic_rename) continue;
     auto index = impl_->load_index(d.name);
     if (!index.ok()) continue;  // damaged: leave it for a human
-    std::set<std::string> live;
+    if (!index->has_value() && live(d.name + "/")) continue;
+    std::set<std::string> referenced;
     if (index->has_value())
-      for (const auto& f : (*index)->files) live.insert(d.name + "/" + f.name);
+      for (const auto& f : (*index)->files) referenced.insert(d.name + "/" + f.name);
     auto objs = storage_->list(d.name + "/", false);
     if (!objs.ok()) { note(objs.status()); continue; }
     for (const auto& o : objs->objects) {
-      if (o.key == index_key(d.name) || live.count(o.key)) continue;
-      bool in_flight = false;
-      {
-        std::lock_guard lock(impl_->mu);
-        for (const auto& a : impl_->attempts_in_flight)
-          if (o.key.find(a) != std::string::npos) in_flight = true;
-      }
-      if (!in_flight) note(storage_->remove(o.key));
+      if (o.key == index_key(d.name) || referenced.count(o.key) || recent(o.modified_unix_ns)) continue;
+      if (!in_flight_here(o.key)) note(storage_->remove(o.key));
     }
   }
   // Object stores: multipart uploads never completed nor aborted (a killed
   // saver) hold storage that list() does not show; abort those of attempts
-  // not in flight here.
+  // not in flight here that began long enough ago.
   auto unfinished = storage_->list_unfinished("");
   if (unfinished.status().code() == Code::kUnimplemented) {
     spdlog::warn("ckptio: gc cannot list unfinished uploads at {}: {}", storage_->describe(),
@@ -825,15 +842,8 @@ Status CheckpointManager::gc() {
     note(unfinished.status());
     return first;
   }
-  for (const std::string& key : *unfinished) {
-    bool in_flight = false;
-    {
-      std::lock_guard lock(impl_->mu);
-      for (const auto& a : impl_->attempts_in_flight)
-        if (key.find(a) != std::string::npos) in_flight = true;
-    }
-    if (!in_flight) note(storage_->abort_unfinished(key));
-  }
+  for (const ListEntry& u : *unfinished)
+    if (!recent(u.modified_unix_ns) && !in_flight_here(u.key)) note(storage_->abort_unfinished(u.key));
   return first;
 }
 

@@ -1,5 +1,7 @@
 // The storage seam's key rules (include/ckptio/storage.h), shared by the
 // memory and S3 backends; the local backend adds its temporary-file names.
+// Also the default Storage::newest_change.
+#include <algorithm>
 #include <string>
 #include <string_view>
 
@@ -39,5 +41,17 @@ Status check_path(std::string_view s, bool is_prefix) {
 
 Status check_storage_key(std::string_view key) { return check_path(key, false); }
 Status check_storage_prefix(std::string_view prefix) { return check_path(prefix, true); }
+
+Result<std::optional<int64_t>> Storage::newest_change(const std::string& prefix) {
+  CKPTIO_ASSIGN_OR_RETURN(ListResult listed, list(prefix, /*delimiter=*/false));
+  auto unfinished = list_unfinished(prefix);
+  if (unfinished.status().code() == Code::kUnimplemented)  // the server cannot list them
+    unfinished = std::vector<ListEntry>{};
+  CKPTIO_RETURN_IF_ERROR(unfinished.status());
+  std::optional<int64_t> newest;
+  for (const auto* entries : {&listed.objects, &*unfinished})
+    for (const ListEntry& e : *entries) newest = std::max(newest.value_or(e.modified_unix_ns), e.modified_unix_ns);
+  return newest;
+}
 
 }  // namespace ckptio

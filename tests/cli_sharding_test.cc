@@ -123,8 +123,8 @@ TEST_P(ShardedCli, AProcessKilledMidSaveNeverCommitsThePreviousStepRestores) {
   json j = check({"--mesh", "dp=3", "--processes", "3"});
   EXPECT_EQ(j["step"], 1) << j.dump();
   EXPECT_EQ(j["verified"], true) << j.dump();
-  // gc removes what the dead attempt left; step 1 stays.
-  run({"gc", uri_}, 0);
+  // gc removes what the dead attempt left (no save runs: --min-age 0); step 1 stays.
+  run({"gc", uri_, "--min-age", "0"}, 0);
   run({"synth", "check", uri_}, 0);
 }
 

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <set>
 #include <fstream>
@@ -382,9 +383,19 @@ TEST_F(CliTest, GcKeepsTheLastStepAndRemovesDeadAttempts) {
   }
   EXPECT_TRUE(saw_tmp);
 
+  // Just written: it may be a save in progress elsewhere, and the default
+  // --min-age (an hour) keeps it; retention still runs.
+  CliResult young = run({"gc", dir_, "--keep-last", "2"});
+  EXPECT_EQ(young.out.find("run-9.tmp-dead"), std::string::npos) << young.out;
+  EXPECT_NE(young.out.find("run-1"), std::string::npos) << young.out;
+  EXPECT_TRUE(fs::exists(dir_ + "/run-9.tmp-dead/data-dead-0.bin"));
+  // Two hours old (the file and the directory): a leftover.
+  const auto old_time = fs::file_time_type::clock::now() - std::chrono::hours(2);
+  fs::last_write_time(dir_ + "/run-9.tmp-dead/data-dead-0.bin", old_time);
+  fs::last_write_time(dir_ + "/run-9.tmp-dead", old_time);
   CliResult gc = run({"gc", dir_, "--keep-last", "1"});
   EXPECT_NE(gc.out.find("run-9.tmp-dead"), std::string::npos) << gc.out;
-  EXPECT_NE(gc.out.find("run-1"), std::string::npos) << gc.out;
+  EXPECT_NE(gc.out.find("run-2"), std::string::npos) << gc.out;
   EXPECT_FALSE(fs::exists(dir_ + "/run-9.tmp-dead"));
 
   json after = run_json({"ls", dir_, "--json"});

@@ -279,7 +279,7 @@ void collect_leftovers(CheckpointManager& m, const std::vector<int64_t>& steps, 
   Leftovers here;
   auto unfinished = m.storage().list_unfinished("");
   ASSERT_TRUE(unfinished.ok()) << unfinished.status().to_string();
-  here.uploads.insert(unfinished->begin(), unfinished->end());
+  for (const ListEntry& u : *unfinished) here.uploads.insert(u.key);
   std::set<std::string> live;
   for (int64_t s : steps) {
     auto idx = m.read_index(s);
@@ -355,7 +355,7 @@ void check_store(const TortureTarget& t, TortureBooks& b, const std::string& whe
 void unfinished_attempts(Storage& storage, std::set<std::string>* out) {
   auto u = storage.list_unfinished("");
   ASSERT_TRUE(u.ok()) << u.status().to_string();
-  out->insert(u->begin(), u->end());
+  for (const ListEntry& e : *u) out->insert(e.key);
   auto d = storage.list("", true);
   ASSERT_TRUE(d.ok()) << d.status().to_string();
   for (const auto& p : d->prefixes)

@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <future>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/local/local_storage.h"
@@ -248,6 +250,70 @@ TEST_P(ManagerTest, FailedSaveLeavesPreviousLatestIntactAndNoGarbageAfterGc) {
   auto listed = base_->list("", false);
   ASSERT_TRUE(listed.ok());
   for (const auto& o : listed->objects) EXPECT_EQ(o.key.rfind("run-1/", 0), 0u) << o.key;
+}
+
+// gc in another process (another manager here: it knows nothing of the
+// saver's attempt) while a save is stopped just before its commit: with a
+// minimum age it leaves the save's files alone, and the save commits whole.
+// Leftovers a killed saver left (written here directly) go once they are
+// older than the minimum age.
+TEST_P(ManagerTest, GcWithMinAgeLeavesALiveSaveElsewhereAndRemovesOldLeftovers) {
+  auto saver = manager();
+  auto other = manager();
+  auto state1 = sample_state(21);
+  ASSERT_TRUE(saver->save(1, views(state1)).value().wait().ok());
+
+  // Stop the saver at the moment its data is complete and its commit begins:
+  // the index put (object stores and POSIX both write it before anything else
+  // of the commit).
+  std::promise<void> reached, go;
+  std::shared_future<void> go_f = go.get_future().share();
+  std::atomic<bool> armed{true};
+  faults_->set_hook([&](FaultOp op, const std::string& key) {
+    if (op == FaultOp::kPut && key.find(kIndexFileName) != std::string::npos && armed.exchange(false)) {
+      reached.set_value();
+      go_f.wait();
+    }
+  });
+  auto state2 = sample_state(22);
+  auto h = saver->save(2, views(state2));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  reached.get_future().wait();
+  const auto listed_before = base_->list("", false);
+  ASSERT_TRUE(listed_before.ok());
+  Status st = other->gc(GcOptions{3600});
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  const auto listed_after = base_->list("", false);
+  ASSERT_TRUE(listed_after.ok());
+  EXPECT_EQ(listed_after->objects.size(), listed_before->objects.size()) << "gc removed part of a live save";
+  go.set_value();
+  st = h->wait();
+  faults_->set_hook(nullptr);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  auto r = other->restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->step, 2);
+  expect_restored(*r, state2);
+  EXPECT_TRUE(r->skipped.empty());
+  EXPECT_TRUE(other->verify(2).ok());
+
+  // A killed saver's leftovers: POSIX, a temporary step directory; object
+  // stores, data under a step prefix that has no index.
+  const std::string dead = base_->caps().atomic_rename ? "run-3.tmp-00000000deadbeef/data-00000000deadbeef-0.bin"
+                                                        : "run-3/data-00000000deadbeef-0.bin";
+  const std::string bytes = "left by a killed saver";
+  ASSERT_TRUE(base_->put(dead, std::as_bytes(std::span(bytes))).ok());
+  auto exists = [&] { return base_->stat(dead).ok(); };
+  ASSERT_TRUE(other->gc(GcOptions{1.0}).ok());
+  EXPECT_TRUE(exists()) << "a leftover younger than min_age was removed";
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  ASSERT_TRUE(other->gc(GcOptions{1.0}).ok());
+  EXPECT_FALSE(exists()) << "a leftover older than min_age was kept";
+  EXPECT_EQ(other->gc(GcOptions{-1}).code(), Code::kInvalidArgument);
+  // Committed steps are never gc's business.
+  r = saver->restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  expect_restored(*r, state2);
 }
 
 TEST_P(ManagerTest, ExistingStepNeedsOverwriteWhichIsAtomic) {

@@ -112,7 +112,7 @@ TEST_F(S3MotoFaulty, ExhaustedRetriesFailTheSaveCleanly) {
   // No upload left behind, step 1 still the latest and intact.
   auto uploads = store_->list_unfinished("");
   ASSERT_TRUE(uploads.ok()) << uploads.status().to_string();
-  EXPECT_TRUE(uploads->empty()) << uploads->size() << " unfinished, first " << uploads->front();
+  EXPECT_TRUE(uploads->empty()) << uploads->size() << " unfinished, first " << uploads->front().key;
   auto latest = m2.latest_step();
   ASSERT_TRUE(latest.ok());
   ASSERT_TRUE(latest->has_value());

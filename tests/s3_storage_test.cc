@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -210,7 +211,7 @@ TEST_P(S3Test, ManagerSavesCommitsAndRestores) {
 
 // A save whose data never committed (no index) is invisible, and gc removes
 // its objects and aborts its unfinished multipart upload where the server
-// supports listing them.
+// supports listing them, unless they are younger than GcOptions::min_age.
 TEST_P(S3Test, DeadAttemptIsInvisibleAndGcCleansIt) {
   auto data = random_bytes(2 * kPart, 5);
   auto w = store_->create("run-9/data-0123456789abcdef-0.bin", 2 * kPart);
@@ -234,7 +235,34 @@ TEST_P(S3Test, DeadAttemptIsInvisibleAndGcCleansIt) {
   ASSERT_TRUE(latest.ok());
   EXPECT_FALSE(latest->has_value());
 
-  Status st = m.gc();
+  // The server's times: LastModified of the orphan and, where uploads can
+  // be listed, when the dead upload began; both "now" give or take a clock.
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();
+  constexpr int64_t kMinute = 60'000'000'000;
+  auto listed = store_->list("run-8/", false);
+  ASSERT_TRUE(listed.ok()) << listed.status().to_string();
+  ASSERT_EQ(listed->objects.size(), 1u);
+  EXPECT_LT(std::llabs(listed->objects[0].modified_unix_ns - now), 5 * kMinute) << listed->objects[0].modified_unix_ns;
+  auto before = store_->list_unfinished("");
+  if (before.ok()) {
+    ASSERT_EQ(before->size(), 1u);
+    EXPECT_EQ((*before)[0].key, "run-9/data-0123456789abcdef-0.bin");
+    EXPECT_LT(std::llabs((*before)[0].modified_unix_ns - now), 5 * kMinute) << (*before)[0].modified_unix_ns;
+  }
+  // gc with a minimum age leaves both alone: a save elsewhere may be writing.
+  Status st = m.gc(GcOptions{3600});
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  auto kept = store_->list("", false);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->objects.size(), 1u);
+  if (before.ok()) {
+    auto still = store_->list_unfinished("");
+    ASSERT_TRUE(still.ok()) << still.status().to_string();
+    EXPECT_EQ(still->size(), 1u);
+  }
+
+  st = m.gc();
   EXPECT_TRUE(st.ok()) << st.to_string();
   auto uploads = store_->list_unfinished("");
   if (uploads.status().code() != Code::kUnimplemented) {  // s3rver cannot list them

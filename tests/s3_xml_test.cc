@@ -186,6 +186,7 @@ TEST(S3XmlList, DocumentedStartAfter) {
   EXPECT_EQ(p->objects[0].key, "ExampleObject.txt");
   EXPECT_EQ(p->objects[0].size, 857u);
   EXPECT_EQ(p->objects[0].etag, "\"599bab3ed2c697f1d26842727561fd94\"");
+  EXPECT_EQ(p->objects[0].modified_unix_ns, 1379441273'000000000);  // 2013-09-17T18:07:53.000Z
   EXPECT_TRUE(p->common_prefixes.empty());
   EXPECT_TRUE(p->next_continuation_token.empty());
 }
@@ -454,6 +455,77 @@ TEST(S3XmlUploads, Documented) {
   EXPECT_EQ(p->uploads[0].upload_id, "XMgbGlrZSBlbHZpbmcncyBub3QgaGF2aW5nIG11Y2ggbHVjaw");
   EXPECT_EQ(p->uploads[2].key, "my-movie.m2ts");
   EXPECT_EQ(p->uploads[2].upload_id, "YW55IGlkZWEgd2h5IGVsdmluZydzIHVwbG9hZCBmYWlsZWQ");
+  EXPECT_EQ(p->uploads[0].initiated_unix_ns, 1289422113'000000000);  // 2010-11-10T20:48:33.000Z
+  EXPECT_EQ(p->uploads[2].initiated_unix_ns, 1289422173'000000000);  // 20:49:33
+}
+
+// ListParts: gc dates an unfinished upload by its newest part.
+TEST(S3XmlParts, DocumentedMotoAndRejections) {
+  const auto p = parse_list_parts(R"(<?xml version="1.0" encoding="UTF-8"?>
+<ListPartsResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">
+  <Bucket>example-bucket</Bucket><Key>example-object</Key><UploadId>XXBsb2FkIElE</UploadId>
+  <PartNumberMarker>1</PartNumberMarker><NextPartNumberMarker>3</NextPartNumberMarker>
+  <MaxParts>2</MaxParts><IsTruncated>true</IsTruncated>
+  <Part><PartNumber>2</PartNumber><LastModified>2010-11-10T20:48:34.000Z</LastModified>
+    <ETag>"7778aef83f66abc1fa1e8477f296d394"</ETag><Size>10485760</Size></Part>
+  <Part><PartNumber>3</PartNumber><LastModified>2010-11-10T20:48:33.000Z</LastModified>
+    <ETag>"aaaa18db4cc2f85cedef654fccc4a4x8"</ETag><Size>10485760</Size></Part>
+</ListPartsResult>)");
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_TRUE(p->truncated);
+  EXPECT_EQ(p->next_part_number_marker, "3");
+  ASSERT_EQ(p->parts.size(), 2u);
+  EXPECT_EQ(p->parts[0].number, 2u);
+  EXPECT_EQ(p->parts[0].modified_unix_ns, 1289422114'000000000);
+  // moto's root name, same children.
+  const auto m = parse_list_parts(
+      "<ListPartsResponse><IsTruncated>false</IsTruncated><Part><PartNumber>1</PartNumber>"
+      "<LastModified>2026-11-23T18:13:08.000Z</LastModified></Part></ListPartsResponse>");
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->parts.at(0).modified_unix_ns, 1795457588'000000000);
+  for (const char* bad :
+       {"<ListPartsResult><IsTruncated>true</IsTruncated></ListPartsResult>",
+        "<ListPartsResult><IsTruncated>false</IsTruncated><Part><LastModified>2026-11-23T18:13:08Z</LastModified>"
+        "</Part></ListPartsResult>",
+        "<ListPartsResult><IsTruncated>false</IsTruncated><Part><PartNumber>1</PartNumber>"
+        "<LastModified>soon</LastModified></Part></ListPartsResult>",
+        "<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>"}) {
+    auto r = parse_list_parts(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), Code::kIOError) << bad;
+  }
+}
+
+// S3's times, as gc reads them (LastModified, Initiated).
+TEST(S3XmlTime, Iso8601UtcOnly) {
+  constexpr int64_t kS = 1'000'000'000;
+  EXPECT_EQ(parse_s3_timestamp("2026-11-23T17:50:30.000Z"), 1795456230 * kS);
+  EXPECT_EQ(parse_s3_timestamp("2026-11-23T17:50:30Z"), 1795456230 * kS);
+  EXPECT_EQ(parse_s3_timestamp("2026-11-23T17:50:30.5Z"), 1795456230 * kS + 500'000'000);
+  EXPECT_EQ(parse_s3_timestamp("2026-11-23T17:50:30.123456789123Z"), 1795456230 * kS + 123456789);
+  EXPECT_EQ(parse_s3_timestamp("2026-11-23T17:50:30+00:00"), 1795456230 * kS);
+  EXPECT_EQ(parse_s3_timestamp("2000-02-29T00:00:00Z"), 951782400 * kS);
+  EXPECT_EQ(parse_s3_timestamp("1970-01-01T00:00:00.000Z"), 0);
+  EXPECT_EQ(parse_s3_timestamp("9999-12-31T23:59:59Z"), 253402300799 * kS);
+  for (const char* bad : {"", "2026-11-23", "2026-11-23T17:50:30", "2026-11-23T17:50:30.Z",
+                          "2026-11-23T17:50:30+01:00", "2026-13-01T00:00:00Z", "2026-02-29T00:00:00Z",
+                          "2026-04-31T00:00:00Z", "2026-11-23T24:00:00Z", "1969-12-31T23:59:59Z",
+                          "2026-11-23 17:50:30Z", "+2026-11-23T17:50:30Z", "2026-11-23T17:50:30ZZ",
+                          "2026-1a-23T17:50:30Z", "Mon, 23 Nov 2026 17:50:30 GMT"})
+    EXPECT_FALSE(parse_s3_timestamp(bad)) << bad;
+  // In a listing, a time that is present must be one.
+  const auto p = parse_list_objects_v2(
+      "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>k</Key><Size>1</Size>"
+      "<LastModified>yesterday</LastModified></Contents></ListBucketResult>");
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.status().message().find("<LastModified> is 'yesterday', expected an ISO 8601 UTC time"),
+            std::string::npos) << p.status().message();
+  // Absent: unknown (0).
+  const auto q = parse_list_objects_v2(
+      "<ListBucketResult><IsTruncated>false</IsTruncated><Contents><Key>k</Key><Size>1</Size>"
+      "</Contents></ListBucketResult>");
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  EXPECT_EQ(q->objects.at(0).modified_unix_ns, 0);
 }
 
 TEST(S3XmlUploads, EmptyUrlEncodedAndRejections) {

@@ -181,6 +181,14 @@ struct DirCloser {
 };
 using DirPtr = std::unique_ptr<DIR, DirCloser>;
 
+}  // namespace
+
+int64_t mtime_ns(const struct stat& st) {
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+namespace {
+
 // Removes every entry of the open directory `dfd` (consumed) named `path`.
 Status empty_dir(int dfd, const std::string& path) {
   DirPtr dir(::fdopendir(dfd));
@@ -249,6 +257,90 @@ Status remove_tree(const std::string& path) {
   return Status::OK();
 }
 
+Status newest_at(int dfd, const char* name, const std::string& path, std::optional<int64_t>& newest);
+
+namespace {
+
+// The newest mtime of the open directory `dfd` (consumed) named `path`, of
+// everything in it and, recursively, in its subdirectories (never through a
+// link). Entries that vanish meanwhile are skipped.
+Status newest_in_dir(int dfd, const std::string& path, std::optional<int64_t>& newest) {
+  DirPtr dir(::fdopendir(dfd));
+  if (!dir) {
+    int err = errno;
+    ::close(dfd);
+    return Status::from_errno(err, "opendir " + path);
+  }
+  struct stat st;
+  if (::fstat(::dirfd(dir.get()), &st) != 0) return Status::from_errno(errno, "stat " + path);
+  newest = std::max(newest.value_or(mtime_ns(st)), mtime_ns(st));
+  while (true) {
+    errno = 0;
+    dirent* e = ::readdir(dir.get());
+    if (!e) {
+      if (errno != 0) return Status::from_errno(errno, "readdir " + path);
+      return Status::OK();
+    }
+    std::string_view name = e->d_name;
+    if (name == "." || name == "..") continue;
+    CKPTIO_RETURN_IF_ERROR(newest_at(::dirfd(dir.get()), e->d_name, path + "/" + e->d_name, newest));
+  }
+}
+
+}  // namespace
+
+// Entry `name` of the directory `dfd`, named `path`: its mtime, and if it is
+// a directory (not a link), everything below it.
+Status newest_at(int dfd, const char* name, const std::string& path, std::optional<int64_t>& newest) {
+  struct stat st;
+  if (::fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno == ENOENT) return Status::OK();
+    return Status::from_errno(errno, "stat " + path);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    newest = std::max(newest.value_or(mtime_ns(st)), mtime_ns(st));
+    return Status::OK();
+  }
+  int cfd = ::openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (cfd < 0) {
+    if (errno == ENOENT) return Status::OK();
+    return Status::from_errno(errno, "open directory " + path);
+  }
+  return newest_in_dir(cfd, path, newest);
+}
+
+Result<std::optional<int64_t>> newest_change(const std::string& root, const std::string& dir,
+                                             std::string_view name_prefix) {
+  const std::string path = join_path(root, dir);
+  std::optional<int64_t> newest;
+  int dfd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return newest;
+    return Status::from_errno(errno, "open directory " + path);
+  }
+  if (name_prefix.empty()) {  // the directory itself and all below it
+    CKPTIO_RETURN_IF_ERROR(newest_in_dir(dfd, path, newest));
+    return newest;
+  }
+  DirPtr d(::fdopendir(dfd));
+  if (!d) {
+    int err = errno;
+    ::close(dfd);
+    return Status::from_errno(err, "opendir " + path);
+  }
+  while (true) {
+    errno = 0;
+    dirent* e = ::readdir(d.get());
+    if (!e) {
+      if (errno != 0) return Status::from_errno(errno, "readdir " + path);
+      return newest;
+    }
+    std::string_view name = e->d_name;
+    if (name == "." || name == ".." || name.substr(0, name_prefix.size()) != name_prefix) continue;
+    CKPTIO_RETURN_IF_ERROR(newest_at(::dirfd(d.get()), e->d_name, path + "/" + e->d_name, newest));
+  }
+}
+
 Status list_dir(const std::string& root, const std::string& dir, std::string_view name_prefix,
                 bool delimiter, ListResult& out) {
   const std::string path = join_path(root, dir);
@@ -288,7 +380,7 @@ Status list_dir(const std::string& root, const std::string& dir, std::string_vie
     const std::string key = dir + e->d_name;
     if (S_ISREG(st.st_mode)) {
       if (is_temp_name(name)) continue;
-      out.objects.push_back({key, static_cast<uint64_t>(st.st_size)});
+      out.objects.push_back({key, static_cast<uint64_t>(st.st_size), mtime_ns(st)});
     } else if (S_ISDIR(st.st_mode)) {
       if (delimiter) {
         out.prefixes.push_back(key + "/");

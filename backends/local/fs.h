@@ -2,8 +2,11 @@
 // and the full path ("fsync /data/run-5: Input/output error").
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -70,5 +73,16 @@ Status remove_tree(const std::string& path);
 // relative to `root`. A missing directory adds nothing.
 Status list_dir(const std::string& root, const std::string& dir, std::string_view name_prefix,
                 bool delimiter, ListResult& out);
+
+// A file's modification time, ns since the Unix epoch.
+int64_t mtime_ns(const struct stat& st);
+
+// The newest modification time of the entries of directory `root`/`dir`
+// (dir is "" or ends in '/') whose names start with `name_prefix`, and of
+// everything below those that are directories (never through a link); with
+// an empty `name_prefix`, of the directory itself too. nullopt if there is
+// nothing.
+Result<std::optional<int64_t>> newest_change(const std::string& root, const std::string& dir,
+                                             std::string_view name_prefix);
 
 }  // namespace ckptio::local

@@ -83,6 +83,11 @@ class LocalStorage final : public Storage {
   }
 
   Result<ListResult> list(const std::string& prefix, bool delimiter) override;
+  Result<std::optional<int64_t>> newest_change(const std::string& prefix) override {
+    CKPTIO_RETURN_IF_ERROR(check_prefix(prefix));
+    auto [dir, name] = split_prefix(prefix);
+    return local::newest_change(root_, std::string(dir), name);
+  }
   Status remove(const std::string& key) override;
   Status remove_prefix(const std::string& prefix) override;
   Status rename(const std::string& from, const std::string& to, RenameMode mode) override;

@@ -102,8 +102,11 @@ class FaultStorageImpl final : public FaultStorage,
   std::string describe() const override { return "fault+" + base_->describe(); }
   uint64_t read_alignment() const override { return base_->read_alignment(); }
   uint64_t write_granularity() const override { return base_->write_granularity(); }
-  Result<std::vector<std::string>> list_unfinished(const std::string& prefix) override {
+  Result<std::vector<ListEntry>> list_unfinished(const std::string& prefix) override {
     return base_->list_unfinished(prefix);
+  }
+  Result<std::optional<int64_t>> newest_change(const std::string& prefix) override {
+    return base_->newest_change(prefix);
   }
   Status abort_unfinished(const std::string& key) override { return base_->abort_unfinished(key); }
   Result<std::unique_ptr<WritableObject>> create(const std::string& key, uint64_t size_hint) override;

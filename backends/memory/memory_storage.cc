@@ -8,6 +8,7 @@
 // write contract strictly instead of papering over mistakes: overlapping
 // ranges, holes and bytes past final_size are errors.
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -27,6 +28,16 @@ bool starts_with(const std::string& s, const std::string& prefix) {
 }
 
 using Content = std::shared_ptr<const std::string>;
+
+int64_t unix_ns_now() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+struct Stored {
+  Content content;
+  int64_t modified_unix_ns = 0;  // when it was published (kept by rename)
+};
 
 class MemoryStorage final : public Storage, public std::enable_shared_from_this<MemoryStorage> {
  public:
@@ -49,7 +60,7 @@ class MemoryStorage final : public Storage, public std::enable_shared_from_this<
   // Makes `content` visible at `key` (a writer's finish()).
   void publish(const std::string& key, Content content) {
     std::lock_guard lock(mu_);
-    objects_[key] = std::move(content);
+    objects_[key] = Stored{std::move(content), unix_ns_now()};
   }
 
  private:
@@ -58,14 +69,14 @@ class MemoryStorage final : public Storage, public std::enable_shared_from_this<
     std::lock_guard lock(mu_);
     auto it = objects_.find(key);
     if (it == objects_.end()) return not_found(describe() + "/" + key + ": no such object");
-    return it->second;
+    return it->second.content;
   }
 
   const bool posix_like_;
   const std::string name_;
 
   mutable std::mutex mu_;
-  std::map<std::string, Content> objects_;  // guarded by mu_
+  std::map<std::string, Stored> objects_;  // guarded by mu_
 };
 
 // Buffers ranges until finish(). One thread at a time uses it (the contract);
@@ -225,7 +236,7 @@ Result<ListResult> MemoryStorage::list(const std::string& prefix, bool delimiter
     const std::string& key = it->first;
     size_t slash = delimiter ? key.find('/', prefix.size()) : std::string::npos;
     if (slash == std::string::npos) {
-      out.objects.push_back({key, it->second->size()});
+      out.objects.push_back({key, it->second.content->size(), it->second.modified_unix_ns});
       ++it;
       continue;
     }

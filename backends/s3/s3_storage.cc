@@ -426,7 +426,7 @@ class S3StorageImpl : public S3Storage {
       if (!parsed.ok()) return parsed.status().annotate("list " + describe() + "/" + prefix);
       for (auto& o : parsed->objects) {
         if (o.key.compare(0, root.size(), root) != 0) continue;
-        out.objects.push_back({o.key.substr(root.size()), o.size});
+        out.objects.push_back({o.key.substr(root.size()), o.size, o.modified_unix_ns});
       }
       for (auto& p : parsed->common_prefixes) {
         if (p.compare(0, root.size(), root) != 0) continue;
@@ -467,9 +467,13 @@ class S3StorageImpl : public S3Storage {
     return Status::OK();
   }
 
-  Result<std::vector<std::string>> list_unfinished(const std::string& prefix) override {
+  Result<std::vector<ListEntry>> list_unfinished(const std::string& prefix) override {
     CKPTIO_RETURN_IF_ERROR(check_storage_prefix(prefix));
-    std::vector<std::string> out;
+    // key -> the newest change of its uploads: when one began, or when a
+    // part of it landed (ListParts), whichever is later. Initiated alone would
+    // make a long upload still sending parts look old (and some servers,
+    // moto among them, answer a fixed Initiated).
+    std::map<std::string, int64_t> newest;
     const std::string root = where_.prefix.empty() ? "" : where_.prefix + "/";
     std::string key_marker, id_marker;
     for (;;) {
@@ -482,16 +486,23 @@ class S3StorageImpl : public S3Storage {
       if (!st.ok()) return st.annotate("ListMultipartUploads");
       auto page = parse_list_multipart_uploads(resp.body);
       if (!page.ok()) return page.status().annotate("ListMultipartUploads " + describe());
-      for (const auto& u : page->uploads)
-        if (u.key.compare(0, root.size(), root) == 0) out.push_back(u.key.substr(root.size()));
+      for (const auto& u : page->uploads) {
+        if (u.key.compare(0, root.size(), root) != 0) continue;
+        auto parts = newest_part(u.key, u.upload_id);
+        if (parts.status().code() == Code::kNotFound) continue;  // finished or aborted meanwhile
+        if (!parts.ok()) return parts.status();
+        const int64_t t = std::max(u.initiated_unix_ns, *parts);
+        auto [it, fresh] = newest.emplace(u.key.substr(root.size()), t);
+        if (!fresh) it->second = std::max(it->second, t);
+      }
       if (!page->truncated) break;
       if (page->next_key_marker == key_marker && page->next_upload_id_marker == id_marker)
         return io_error("ListMultipartUploads " + describe() + ": truncated page without new markers");
       key_marker = page->next_key_marker;
       id_marker = page->next_upload_id_marker;
     }
-    std::sort(out.begin(), out.end());
-    out.erase(std::unique(out.begin(), out.end()), out.end());
+    std::vector<ListEntry> out;
+    for (auto& [key, t] : newest) out.push_back(ListEntry{key, 0, t});
     return out;
   }
 
@@ -522,6 +533,29 @@ class S3StorageImpl : public S3Storage {
     uint64_t size = 0;
     std::string etag;
   };
+
+  // The newest LastModified of the parts of upload `id` of `full_key` (0 if
+  // it has none or the server gives no times); kNotFound if the upload is gone.
+  Result<int64_t> newest_part(const std::string& full_key, const std::string& id) {
+    int64_t newest = 0;
+    std::string marker;
+    for (;;) {
+      S3Op op;
+      op.method = "GET";
+      op.key = full_key;
+      op.query = {{"uploadId", id}};
+      if (!marker.empty()) op.query.emplace_back("part-number-marker", marker);
+      auto [st, resp] = client_.execute_sync(std::move(op));
+      if (!st.ok()) return st.annotate("ListParts");
+      auto page = parse_list_parts(resp.body);
+      if (!page.ok()) return page.status().annotate("ListParts " + client_.describe(full_key));
+      for (const PartEntry& p : page->parts) newest = std::max(newest, p.modified_unix_ns);
+      if (!page->truncated) return newest;
+      if (page->next_part_number_marker == marker)
+        return io_error("ListParts " + client_.describe(full_key) + ": truncated page without a new marker");
+      marker = page->next_part_number_marker;
+    }
+  }
 
   // Bytes per GET: one part, so a large read spreads over the connections.
   uint64_t read_get_bytes() const { return client_.config().part_size; }

@@ -137,6 +137,66 @@ Result<uint64_t> parse_u64(std::string_view s, std::string_view name, std::strin
   return malformed(op, what);
 }
 
+// Days from 1970-01-01 to y-m-d of the proleptic Gregorian calendar
+// (H. Hinnant's days_from_civil).
+int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {
+  y -= m <= 2;
+  const int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const int64_t yoe = y - era * 400;
+  const int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+  const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + doe - 719468;
+}
+
+}  // namespace
+
+std::optional<int64_t> parse_s3_timestamp(std::string_view s) {
+  // YYYY-MM-DDTHH:MM:SS[.fraction](Z|+00:00)
+  auto num = [&](size_t at, size_t n, int64_t lo, int64_t hi) -> std::optional<int64_t> {
+    if (at + n > s.size()) return std::nullopt;
+    int64_t v = 0;
+    for (size_t i = at; i < at + n; ++i) {
+      if (s[i] < '0' || s[i] > '9') return std::nullopt;
+      v = v * 10 + (s[i] - '0');
+    }
+    if (v < lo || v > hi) return std::nullopt;
+    return v;
+  };
+  if (s.size() < 20 || s[4] != '-' || s[7] != '-' || (s[10] != 'T' && s[10] != 't') || s[13] != ':' ||
+      s[16] != ':')
+    return std::nullopt;
+  const auto y = num(0, 4, 1970, 9999), mo = num(5, 2, 1, 12), d = num(8, 2, 1, 31), h = num(11, 2, 0, 23),
+             mi = num(14, 2, 0, 59), se = num(17, 2, 0, 60);
+  if (!y || !mo || !d || !h || !mi || !se) return std::nullopt;
+  static constexpr int kDays[] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  const bool leap = (*y % 4 == 0 && *y % 100 != 0) || *y % 400 == 0;
+  if (*d > kDays[*mo - 1] || (*mo == 2 && *d == 29 && !leap)) return std::nullopt;
+  size_t at = 19;
+  int64_t frac_ns = 0;
+  if (at < s.size() && s[at] == '.') {
+    size_t digits = 0;
+    for (++at; at < s.size() && s[at] >= '0' && s[at] <= '9'; ++at, ++digits)
+      if (digits < 9) frac_ns = frac_ns * 10 + (s[at] - '0');
+    if (digits == 0) return std::nullopt;
+    for (size_t k = digits; k < 9; ++k) frac_ns *= 10;
+  }
+  const std::string_view zone = s.substr(at);
+  if (zone != "Z" && zone != "z" && zone != "+00:00") return std::nullopt;
+  const int64_t seconds = days_from_civil(*y, *mo, *d) * 86400 + *h * 3600 + *mi * 60 + *se;
+  return seconds * 1000000000 + frac_ns;
+}
+
+namespace {
+
+Result<int64_t> optional_timestamp(const pugi::xml_node& parent, std::string_view name, std::string_view op) {
+  CKPTIO_ASSIGN_OR_RETURN(auto t, optional_text(parent, name, op));
+  if (!t) return int64_t{0};
+  if (auto ns = parse_s3_timestamp(*t)) return *ns;
+  std::string what = "<";
+  what.append(name).append("> is '").append(quoted(*t)).append("', expected an ISO 8601 UTC time");
+  return malformed(op, what);
+}
+
 int hex_value(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -286,6 +346,7 @@ Result<ListPage> parse_list_objects_v2(std::string_view body) {
     CKPTIO_ASSIGN_OR_RETURN(e.size, parse_u64(size, "Size", op));
     CKPTIO_ASSIGN_OR_RETURN(auto etag, optional_text(c, "ETag", op));
     if (etag) e.etag = std::move(*etag);
+    CKPTIO_ASSIGN_OR_RETURN(e.modified_unix_ns, optional_timestamp(c, "LastModified", op));
     page.objects.push_back(std::move(e));
   }
   for (const pugi::xml_node& p : children_named(root, "CommonPrefixes")) {
@@ -313,6 +374,7 @@ Result<UploadsPage> parse_list_multipart_uploads(std::string_view body) {
     CKPTIO_ASSIGN_OR_RETURN(std::string key, required_text(u, "Key", op));
     CKPTIO_ASSIGN_OR_RETURN(e.key, maybe_decode(std::move(key), encoded, op));
     CKPTIO_ASSIGN_OR_RETURN(e.upload_id, required_text(u, "UploadId", op));
+    CKPTIO_ASSIGN_OR_RETURN(e.initiated_unix_ns, optional_timestamp(u, "Initiated", op));
     page.uploads.push_back(std::move(e));
   }
   CKPTIO_ASSIGN_OR_RETURN(auto key_marker, optional_text(root, "NextKeyMarker", op));
@@ -323,6 +385,32 @@ Result<UploadsPage> parse_list_multipart_uploads(std::string_view body) {
   if (id_marker) page.next_upload_id_marker = std::move(*id_marker);
   if (page.truncated && page.next_key_marker.empty())
     return malformed(op, "IsTruncated is true but NextKeyMarker is missing");
+  return page;
+}
+
+Result<PartsPage> parse_list_parts(std::string_view body) {
+  constexpr std::string_view op = "ListParts";
+  pugi::xml_document doc;
+  // moto names the root ListPartsResponse; AWS ListPartsResult. Both carry
+  // the same children.
+  auto found = result_root(doc, body, op, "ListPartsResult");
+  if (!found.ok() && found.status().code() == Code::kIOError && !doc.empty() &&
+      local_name(doc.document_element()) == "ListPartsResponse")
+    found = doc.document_element();
+  CKPTIO_ASSIGN_OR_RETURN(pugi::xml_node root, std::move(found));
+  PartsPage page;
+  CKPTIO_ASSIGN_OR_RETURN(page.truncated, required_bool(root, "IsTruncated", op));
+  for (const pugi::xml_node& p : children_named(root, "Part")) {
+    PartEntry e;
+    CKPTIO_ASSIGN_OR_RETURN(std::string number, required_text(p, "PartNumber", op));
+    CKPTIO_ASSIGN_OR_RETURN(e.number, parse_u64(number, "PartNumber", op));
+    CKPTIO_ASSIGN_OR_RETURN(e.modified_unix_ns, optional_timestamp(p, "LastModified", op));
+    page.parts.push_back(e);
+  }
+  CKPTIO_ASSIGN_OR_RETURN(auto marker, optional_text(root, "NextPartNumberMarker", op));
+  if (marker) page.next_part_number_marker = std::move(*marker);
+  if (page.truncated && page.next_part_number_marker.empty())
+    return malformed(op, "IsTruncated is true but NextPartNumberMarker is missing");
   return page;
 }
 

@@ -64,6 +64,7 @@ struct ObjectEntry {
   std::string key;
   uint64_t size = 0;
   std::string etag;  // may be empty if the server omits it
+  int64_t modified_unix_ns = 0;  // LastModified; 0 if the server omits it
 };
 struct ListPage {
   std::vector<ObjectEntry> objects;
@@ -71,8 +72,14 @@ struct ListPage {
   bool truncated = false;
   std::string next_continuation_token;  // non-empty whenever truncated
 };
+// S3's times ("2026-11-23T17:50:30.000Z": ISO 8601, UTC, optional fraction;
+// "+00:00" for Z accepted) as ns since the Unix epoch; nullopt for anything
+// else (other zones, out-of-range fields, years before 1970).
+std::optional<int64_t> parse_s3_timestamp(std::string_view s);
+
 // ListObjectsV2 (GET ?list-type=2). Required: IsTruncated; per object Key and
-// Size (decimal digits only, fits uint64); per common prefix Prefix; and
+// Size (decimal digits only, fits uint64); optional LastModified (a time as
+// above, else an error); per common prefix Prefix; and
 // NextContinuationToken when IsTruncated is true (else pagination could stop
 // silently or loop). With <EncodingType>url</EncodingType>, keys and prefixes
 // are URL-decoded ('+' is a space, %XX a byte), as S3 encodes them.
@@ -80,6 +87,7 @@ Result<ListPage> parse_list_objects_v2(std::string_view body);
 
 struct UploadEntry {
   std::string key, upload_id;
+  int64_t initiated_unix_ns = 0;  // Initiated; 0 if the server omits it
 };
 struct UploadsPage {
   std::vector<UploadEntry> uploads;
@@ -87,8 +95,25 @@ struct UploadsPage {
   std::string next_key_marker, next_upload_id_marker;  // key marker non-empty when truncated
 };
 // ListMultipartUploads (GET ?uploads). Required: IsTruncated, per upload Key
-// and UploadId, NextKeyMarker when truncated. EncodingType=url as above.
+// and UploadId, NextKeyMarker when truncated; optional Initiated (a time).
+// EncodingType=url as above.
 Result<UploadsPage> parse_list_multipart_uploads(std::string_view body);
+
+struct PartEntry {
+  uint64_t number = 0;
+  int64_t modified_unix_ns = 0;  // LastModified; 0 if the server omits it
+};
+struct PartsPage {
+  std::vector<PartEntry> parts;
+  bool truncated = false;
+  std::string next_part_number_marker;  // non-empty when truncated
+};
+// ListParts (GET key?uploadId=ID; root ListPartsResult, or moto's
+// ListPartsResponse). Required: IsTruncated, per part
+// PartNumber (decimal), NextPartNumberMarker when truncated; optional
+// LastModified (a time). gc reads it: an upload is as recent as its newest
+// part.
+Result<PartsPage> parse_list_parts(std::string_view body);
 
 struct DeleteResult {
   std::vector<std::string> deleted;

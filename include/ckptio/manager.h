@@ -161,6 +161,19 @@ struct Selection {
   std::string path_regex;             // ECMAScript, matched anywhere; "": all
 };
 
+struct GcOptions {
+  // Leave alone leftovers with a change newer than this (seconds): a step
+  // directory or step prefix by the newest change of anything in it
+  // (Storage::newest_change: file and directory mtimes, object LastModified,
+  // when unfinished uploads began), an unreferenced object by its own time,
+  // an unfinished upload by when it began. Set it above the longest save
+  // (and above the clock skew between this host and the object store) to run
+  // gc while other processes save. 0: remove every leftover not in flight in
+  // this manager (only safe when nothing else saves to the base). The CLI's
+  // default is 3600.
+  double min_age_seconds = 0;
+};
+
 struct RestoreStats {
   // Payload bytes of the selected leaves; for a sharded restore, the distinct
   // bytes this process's devices hold (a box replicated on two local
@@ -301,13 +314,16 @@ class CheckpointManager {
 
   // Applies retention now (max_to_keep / keep_every as given).
   Status apply_retention(int max_to_keep, int64_t keep_every);
-  // Removes temporaries and leftovers of failed saves not in flight here.
-  // Every attempt not in flight in this manager counts as dead: call it only
-  // while no other process (or manager) saves to this base: removing a live
+  // Removes temporaries and leftovers of failed saves not in flight here:
+  // POSIX temporary and deleting step directories, object-store data that no
+  // committed index references (and steps without an index), unfinished
+  // multipart uploads. What changed less than options.min_age_seconds ago is
+  // left alone, since a save running in another process (or manager) looks
+  // exactly like a leftover until it commits. With min_age_seconds = 0 every
+  // attempt not in flight in this manager counts as dead: removing a live
   // save's files fails it or, on an object store, can let it commit a step
-  // whose data is gone (restore then skips it as damaged; docs/reliability.md,
-  // "Not yet covered").
-  Status gc();
+  // whose data is gone (restore then skips it as damaged). See GcOptions.
+  Status gc(const GcOptions& options = {});
   Status remove_step(int64_t step);
 
   Storage& storage() { return *storage_; }

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -77,6 +78,10 @@ struct ReadRequest {
 struct ListEntry {
   std::string key;
   uint64_t size = 0;
+  // Last change, ns since the Unix epoch: the file's mtime, the object's
+  // LastModified, or for an unfinished upload when it began; 0 if the
+  // backend does not know (gc counts that as old).
+  int64_t modified_unix_ns = 0;
 };
 
 struct ListResult {
@@ -138,12 +143,20 @@ class Storage {
   }
 
   // Object stores: writes begun and never finished or aborted (S3 multipart
-  // uploads) whose key starts with `prefix`, by key. Empty for backends whose
-  // unfinished writes are ordinary objects that list() already shows.
-  virtual Result<std::vector<std::string>> list_unfinished(const std::string& prefix) {
+  // uploads) whose key starts with `prefix`, one entry per key (size 0,
+  // modified_unix_ns = when the newest of them began), sorted by key. Empty
+  // for backends whose unfinished writes are ordinary objects that list()
+  // already shows.
+  virtual Result<std::vector<ListEntry>> list_unfinished(const std::string& prefix) {
     (void)prefix;
-    return std::vector<std::string>{};
+    return std::vector<ListEntry>{};
   }
+  // The newest change under `prefix` (ns since the Unix epoch): of the
+  // objects, of unfinished writes, and where directories exist, of the
+  // directories (an entry added or removed). nullopt when nothing is there.
+  // gc uses it to leave alone what a live save elsewhere may still be
+  // writing. The default takes list() and list_unfinished().
+  virtual Result<std::optional<int64_t>> newest_change(const std::string& prefix);
   // Drops every unfinished write of `key` (idempotent).
   virtual Status abort_unfinished(const std::string& key) { (void)key; return Status::OK(); }
 

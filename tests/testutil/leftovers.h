@@ -43,7 +43,8 @@ inline Leftovers find_leftovers(CheckpointManager& m,
     out.status = unfinished.status();
     return out;
   }
-  if (unfinished.ok()) out.uploads = *unfinished;
+  if (unfinished.ok())
+    for (const ListEntry& u : *unfinished) out.uploads.push_back(u.key);
   std::set<std::string> live;
   for (int64_t s : *steps) {
     auto idx = m.read_index(s);

@@ -1,5 +1,6 @@
-// `ckptio gc URI [--keep-last N] [--keep-every K]`: applies retention, then
-// removes temporaries and leftovers of failed saves; prints what went away.
+// `ckptio gc URI [--keep-last N] [--keep-every K] [--min-age S]`: applies
+// retention, then removes temporaries and leftovers of failed saves older
+// than S seconds; prints what went away.
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -10,8 +11,9 @@
 namespace ckptio::cli {
 namespace {
 
-struct GcOptions {
+struct GcArgs {
   std::string uri;
+  double min_age = 3600;
   int keep_last = 0;
   int64_t keep_every = 0;
   bool json = false;
@@ -23,12 +25,12 @@ std::vector<StepInfo> list_dirs(CheckpointManager& m, const std::string& uri) {
   return std::move(dirs).value();
 }
 
-int run_gc(const GlobalOptions& g, const GcOptions& o) {
+int run_gc(const GlobalOptions& g, const GcArgs& o) {
   auto m = open_manager(g, o.uri, Access::kRead);
   const std::vector<StepInfo> before = list_dirs(*m, o.uri);
   Status st;
   if (o.keep_last > 0) st = m->apply_retention(o.keep_last, o.keep_every).annotate("retention");
-  if (st.ok()) st = m->gc().annotate("gc");
+  if (st.ok()) st = m->gc(GcOptions{o.min_age}).annotate("gc");
   const std::vector<StepInfo> after = list_dirs(*m, o.uri);
 
   std::set<std::string> left;
@@ -69,12 +71,15 @@ int run_gc(const GlobalOptions& g, const GcOptions& o) {
 }  // namespace
 
 void add_gc(CLI::App& app, const GlobalOptions& g, Command* run) {
-  auto o = std::make_shared<GcOptions>();
+  auto o = std::make_shared<GcArgs>();
   auto* sub = app.add_subcommand(
-      "gc", "Apply retention, then remove temporaries and leftovers of failed saves. Run it only while no "
-      "process is saving to URI: a save in progress elsewhere looks like a leftover, and removing its files fails it or, "
-      "on an object store, can leave it committing a step whose data is gone");
+      "gc", "Apply retention, then remove temporaries and leftovers of failed saves that have not changed "
+      "for --min-age seconds (a save in progress elsewhere looks like a leftover until it commits)");
   sub->add_option("URI", o->uri, "Checkpoint location")->required();
+  sub->add_option("--min-age", o->min_age,
+                  "Leave leftovers changed less than this many seconds ago (default 3600; 0 removes every "
+                  "leftover: only when no process saves to URI)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--keep-last", o->keep_last,
                   "Keep the newest N committed steps, delete older ones (0: delete none)")
       ->check(non_negative());

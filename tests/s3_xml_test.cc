@@ -506,12 +506,13 @@ TEST(S3XmlTime, Iso8601UtcOnly) {
   EXPECT_EQ(parse_s3_timestamp("2026-11-23T17:50:30+00:00"), 1795456230 * kS);
   EXPECT_EQ(parse_s3_timestamp("2000-02-29T00:00:00Z"), 951782400 * kS);
   EXPECT_EQ(parse_s3_timestamp("1970-01-01T00:00:00.000Z"), 0);
-  EXPECT_EQ(parse_s3_timestamp("9999-12-31T23:59:59Z"), 253402300799 * kS);
+  EXPECT_EQ(parse_s3_timestamp("2261-12-31T23:59:59.999999999Z"), 9214646399 * kS + 999999999);
   for (const char* bad : {"", "2026-11-23", "2026-11-23T17:50:30", "2026-11-23T17:50:30.Z",
                           "2026-11-23T17:50:30+01:00", "2026-13-01T00:00:00Z", "2026-02-29T00:00:00Z",
                           "2026-04-31T00:00:00Z", "2026-11-23T24:00:00Z", "1969-12-31T23:59:59Z",
                           "2026-11-23 17:50:30Z", "+2026-11-23T17:50:30Z", "2026-11-23T17:50:30ZZ",
-                          "2026-1a-23T17:50:30Z", "Mon, 23 Nov 2026 17:50:30 GMT"})
+                          "2026-1a-23T17:50:30Z", "Mon, 23 Nov 2026 17:50:30 GMT",
+                          "2262-01-01T00:00:00Z", "9999-12-31T23:59:59Z"})
     EXPECT_FALSE(parse_s3_timestamp(bad)) << bad;
   // In a listing, a time that is present must be one.
   const auto p = parse_list_objects_v2(

@@ -165,7 +165,8 @@ std::optional<int64_t> parse_s3_timestamp(std::string_view s) {
   if (s.size() < 20 || s[4] != '-' || s[7] != '-' || (s[10] != 'T' && s[10] != 't') || s[13] != ':' ||
       s[16] != ':')
     return std::nullopt;
-  const auto y = num(0, 4, 1970, 9999), mo = num(5, 2, 1, 12), d = num(8, 2, 1, 31), h = num(11, 2, 0, 23),
+  // Years past 2261 do not fit int64 nanoseconds (the limit is in 2262).
+  const auto y = num(0, 4, 1970, 2261), mo = num(5, 2, 1, 12), d = num(8, 2, 1, 31), h = num(11, 2, 0, 23),
              mi = num(14, 2, 0, 59), se = num(17, 2, 0, 60);
   if (!y || !mo || !d || !h || !mi || !se) return std::nullopt;
   static constexpr int kDays[] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};

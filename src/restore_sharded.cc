@@ -271,7 +271,11 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
   };
   std::vector<std::vector<Gap>> batch_gaps(batches.size());
   if (!storage.caps().atomic_rename) {
+    // Per batch: its reads' byte ranges sorted by (file, offset); the gaps
+    // between neighbours are the candidates, and the ranges that touch
+    // already share a request.
     std::vector<Gap> candidates;
+    uint64_t touching = 0;
     std::vector<std::pair<uint32_t, std::pair<uint64_t, uint64_t>>> spans;  // file, [offset, end)
     for (size_t b = 0; b < batches.size(); ++b) {
       spans.clear();
@@ -283,40 +287,28 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
       for (size_t k = 1; k < spans.size(); ++k) {
         const auto& [file, prev] = spans[k - 1];
         const auto& [next_file, next] = spans[k];
-        if (file == next_file && next.first > prev.second && next.first - prev.second <= po.max_gap)
+        if (file != next_file) continue;
+        if (next.first == prev.second) ++touching;
+        else if (next.first > prev.second && next.first - prev.second <= po.max_gap)
           candidates.push_back(Gap{file, prev.second, next.first - prev.second, b});
       }
     }
     std::stable_sort(candidates.begin(), candidates.end(),
                      [](const Gap& x, const Gap& y) { return x.length < y.length; });
-    uint64_t budget = out->stats.bytes_needed / 100, bridged = 0;
+    const uint64_t budget = out->stats.bytes_needed / 100;
+    uint64_t bridged = 0, joins = 0;
     for (const Gap& g : candidates) {
       if (g.length > budget - bridged) break;
       bridged += g.length;
+      ++joins;
       batch_gaps[g.batch].push_back(g);
     }
+    spdlog::debug("ckptio: bridging {} of {} gaps between reads ({} bytes; budget {})", joins,
+                  candidates.size(), bridged, budget);
     out->stats.bytes_read += bridged;
-    {
-      size_t n = 0; for (auto& v : batch_gaps) n += v.size();
-      uint64_t left = 0; for (const Gap& g : candidates) left += g.length;
-      spdlog::debug("ckptio: bridging {} of {} gaps ({} of {} bytes; budget {}), largest candidate {}", n,
-                    candidates.size(), bridged, left, budget, candidates.empty() ? 0 : candidates.back().length);
-    }
-    // Requests: the contiguous ranges the batches ask for.
-    uint64_t ranges = 0;
-    for (size_t b = 0; b < batches.size(); ++b) {
-      spans.clear();
-      for (size_t i = batches[b].begin; i < batches[b].end; ++i) {
-        const PlannedRead& r = jobs[refs[i].leaf].plan.reads[refs[i].read];
-        spans.push_back({r.file, {r.offset, r.offset + r.length}});
-      }
-      for (const Gap& g : batch_gaps[b]) spans.push_back({g.file, {g.offset, g.offset + g.length}});
-      std::sort(spans.begin(), spans.end());
-      for (size_t k = 0; k < spans.size(); ++k)
-        if (k == 0 || spans[k].first != spans[k - 1].first || spans[k].second.first != spans[k - 1].second.second)
-          ++ranges;
-    }
-    out->stats.requests = ranges;
+    // Requests: the contiguous ranges asked for; each bridged gap and each
+    // pair of touching reads joins two of them.
+    out->stats.requests = refs.size() - touching - joins;
   }
 
   // Two staging buffers, used by alternate batches.

@@ -261,30 +261,40 @@ Status newest_at(int dfd, const char* name, const std::string& path, std::option
 
 namespace {
 
-// The newest mtime of the open directory `dfd` (consumed) named `path`, of
-// everything in it and, recursively, in its subdirectories (never through a
-// link). Entries that vanish meanwhile are skipped.
-Status newest_in_dir(int dfd, const std::string& path, std::optional<int64_t>& newest) {
-  DirPtr dir(::fdopendir(dfd));
-  if (!dir) {
+// Calls fn(dir_fd, entry) for every entry of the open directory `dfd`
+// (consumed) named `path`, but "." and "..", until fn returns an error.
+template <typename Fn>
+Status for_each_entry(int dfd, const std::string& path, Fn&& fn) {
+  DirPtr d(::fdopendir(dfd));
+  if (!d) {
     int err = errno;
     ::close(dfd);
     return Status::from_errno(err, "opendir " + path);
   }
-  struct stat st;
-  if (::fstat(::dirfd(dir.get()), &st) != 0) return Status::from_errno(errno, "stat " + path);
-  newest = std::max(newest.value_or(mtime_ns(st)), mtime_ns(st));
   while (true) {
     errno = 0;
-    dirent* e = ::readdir(dir.get());
-    if (!e) {
-      if (errno != 0) return Status::from_errno(errno, "readdir " + path);
-      return Status::OK();
-    }
+    dirent* e = ::readdir(d.get());
+    if (!e) return errno != 0 ? Status::from_errno(errno, "readdir " + path) : Status::OK();
     std::string_view name = e->d_name;
     if (name == "." || name == "..") continue;
-    CKPTIO_RETURN_IF_ERROR(newest_at(::dirfd(dir.get()), e->d_name, path + "/" + e->d_name, newest));
+    CKPTIO_RETURN_IF_ERROR(fn(::dirfd(d.get()), *e));
   }
+}
+
+// The newest mtime of the open directory `dfd` (consumed) named `path`, of
+// everything in it and, recursively, in its subdirectories (never through a
+// link). Entries that vanish meanwhile are skipped.
+Status newest_in_dir(int dfd, const std::string& path, std::optional<int64_t>& newest) {
+  struct stat st;
+  if (::fstat(dfd, &st) != 0) {
+    int err = errno;
+    ::close(dfd);
+    return Status::from_errno(err, "stat " + path);
+  }
+  newest = std::max(newest.value_or(mtime_ns(st)), mtime_ns(st));
+  return for_each_entry(dfd, path, [&](int at, const dirent& e) {
+    return newest_at(at, e.d_name, path + "/" + e.d_name, newest);
+  });
 }
 
 }  // namespace
@@ -322,23 +332,11 @@ Result<std::optional<int64_t>> newest_change(const std::string& root, const std:
     CKPTIO_RETURN_IF_ERROR(newest_in_dir(dfd, path, newest));
     return newest;
   }
-  DirPtr d(::fdopendir(dfd));
-  if (!d) {
-    int err = errno;
-    ::close(dfd);
-    return Status::from_errno(err, "opendir " + path);
-  }
-  while (true) {
-    errno = 0;
-    dirent* e = ::readdir(d.get());
-    if (!e) {
-      if (errno != 0) return Status::from_errno(errno, "readdir " + path);
-      return newest;
-    }
-    std::string_view name = e->d_name;
-    if (name == "." || name == ".." || name.substr(0, name_prefix.size()) != name_prefix) continue;
-    CKPTIO_RETURN_IF_ERROR(newest_at(::dirfd(d.get()), e->d_name, path + "/" + e->d_name, newest));
-  }
+  CKPTIO_RETURN_IF_ERROR(for_each_entry(dfd, path, [&](int at, const dirent& e) {
+    if (std::string_view(e.d_name).substr(0, name_prefix.size()) != name_prefix) return Status::OK();
+    return newest_at(at, e.d_name, path + "/" + e.d_name, newest);
+  }));
+  return newest;
 }
 
 Status list_dir(const std::string& root, const std::string& dir, std::string_view name_prefix,
@@ -349,47 +347,30 @@ Status list_dir(const std::string& root, const std::string& dir, std::string_vie
     if (errno == ENOENT || errno == ENOTDIR) return Status::OK();  // nothing there
     return Status::from_errno(errno, "open directory " + path);
   }
-  DirPtr d(::fdopendir(dfd));
-  if (!d) {
-    int err = errno;
-    ::close(dfd);
-    return Status::from_errno(err, "opendir " + path);
-  }
-  while (true) {
-    errno = 0;
-    dirent* e = ::readdir(d.get());
-    if (!e) {
-      if (errno != 0) return Status::from_errno(errno, "readdir " + path);
-      break;
-    }
-    std::string_view name = e->d_name;
-    if (name == "." || name == "..") continue;
-    if (name.substr(0, name_prefix.size()) != name_prefix) continue;
+  return for_each_entry(dfd, path, [&](int at, const dirent& e) -> Status {
+    std::string_view name = e.d_name;
+    if (name.substr(0, name_prefix.size()) != name_prefix) return Status::OK();
     // Symlinks are followed for files; a symlinked directory is listed as a
     // prefix but never descended into (no cycles).
     struct stat st;
-    if (::fstatat(::dirfd(d.get()), e->d_name, &st, 0) != 0) {
-      if (errno == ENOENT) continue;  // removed meanwhile, or a dangling link
-      return Status::from_errno(errno, "stat " + path + "/" + e->d_name);
+    if (::fstatat(at, e.d_name, &st, 0) != 0) {
+      if (errno == ENOENT) return Status::OK();  // removed meanwhile, or a dangling link
+      return Status::from_errno(errno, "stat " + path + "/" + e.d_name);
     }
-    bool is_link = e->d_type == DT_LNK;
-    if (e->d_type == DT_UNKNOWN) {
+    bool is_link = e.d_type == DT_LNK;
+    if (e.d_type == DT_UNKNOWN) {
       struct stat lst;
-      is_link = ::fstatat(::dirfd(d.get()), e->d_name, &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode);
+      is_link = ::fstatat(at, e.d_name, &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode);
     }
-    const std::string key = dir + e->d_name;
+    const std::string key = dir + e.d_name;
     if (S_ISREG(st.st_mode)) {
-      if (is_temp_name(name)) continue;
-      out.objects.push_back({key, static_cast<uint64_t>(st.st_size), mtime_ns(st)});
+      if (!is_temp_name(name)) out.objects.push_back({key, static_cast<uint64_t>(st.st_size), mtime_ns(st)});
     } else if (S_ISDIR(st.st_mode)) {
-      if (delimiter) {
-        out.prefixes.push_back(key + "/");
-      } else if (!is_link) {
-        CKPTIO_RETURN_IF_ERROR(list_dir(root, key + "/", "", false, out));
-      }
+      if (delimiter) out.prefixes.push_back(key + "/");
+      else if (!is_link) return list_dir(root, key + "/", "", false, out);
     }
-  }
-  return Status::OK();
+    return Status::OK();
+  });
 }
 
 }  // namespace ckptio::local

@@ -1,7 +1,7 @@
 // Restore: pick the step, parse its index (strictly), select leaves, check
 // them against a template, plan reads, read in batches through the backend
-// while the previous batch is checksummed, scatter shards into whole leaves,
-// cast if asked. Restore into a sharding branches off after the template
+// while the previous batch is checksummed and its non-contiguous shards are
+// scattered into whole leaves, cast if asked. Restore into a sharding branches off after the template
 // check to src/restore_sharded.cc.
 //
 // Reads are planned per shard and cut into pieces of at most kPieceBytes so
@@ -306,9 +306,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
       if (box_is_contiguous(rec.box, leaf->shape, &elem)) {
         task.bytes = t.data.data() + elem * item;
       } else {
-        task.temp = Buffer::allocate(rec.length, align, rec.offset % align);
-        task.bytes = task.temp.data();
-        task.scatter = true;
+        task.scatter = true;  // its temporary comes with its first read (launch, below)
       }
       tasks.push_back(std::move(task));
     }
@@ -360,27 +358,42 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
       pieces.push_back(Piece{i, at, std::min(kPieceBytes, tasks[i].rec->length - at)});
   }
 
-  // Checksums a batch of pieces, in order; completes shards at their end.
+  // Checksums a batch of pieces, in order; completes shards at their end,
+  // scattering a non-contiguous shard into its leaf and freeing its
+  // temporary: temporaries live only while their shard is in flight, so a
+  // step saved in non-contiguous shards (a 2x4 mesh) restores whole in
+  // memory bounded by the batches, with the scatter overlapping the reads.
   auto verify_batch = [&](size_t begin, size_t end) -> Status {
+    auto checksum_mismatch = [&](const ShardTask& t) {
+      return data_loss("checksum mismatch in " + t.where + " of step " + std::to_string(the_step) + " at " +
+                       storage.describe() + "/" + t.key);
+    };
+    auto scatter = [&](ShardTask& t, const std::byte* from) {
+      Tensor& leaf = out.leaves[t.leaf];
+      scatter_box(from, t.rec->box, leaf.shape, dtype_size(leaf.dtype), leaf.data.data());
+    };
     for (size_t p = begin; p < end; ++p) {
-      if (pieces[p].group >= 0) {  // copy each member out, checksum it there
+      if (pieces[p].group >= 0) {  // checksum each member in the scratch, copy it out
         Group& g = groups[pieces[p].group];
         for (size_t ti : g.tasks) {
           ShardTask& t = tasks[ti];
-          std::memcpy(t.bytes, g.scratch.data() + (t.rec->offset - g.offset), t.rec->length);
-          if (options.verify && crc32c(t.bytes, t.rec->length, 0) != t.rec->crc32c)
-            return data_loss("checksum mismatch in " + t.where + " of step " + std::to_string(the_step) +
-                             " at " + storage.describe() + "/" + t.key);
+          const std::byte* in = g.scratch.data() + (t.rec->offset - g.offset);
+          if (options.verify && crc32c(in, t.rec->length, 0) != t.rec->crc32c) return checksum_mismatch(t);
+          if (t.scatter) scatter(t, in);
+          else std::memcpy(t.bytes, in, t.rec->length);
         }
         g.scratch = Buffer();
         continue;
       }
       ShardTask& t = tasks[pieces[p].task];
-      if (!options.verify) continue;
-      t.crc = crc32c(t.bytes + pieces[p].at, pieces[p].len, t.crc);
-      if (pieces[p].at + pieces[p].len == t.rec->length && t.crc != t.rec->crc32c)
-        return data_loss("checksum mismatch in " + t.where + " of step " + std::to_string(the_step) +
-                         " at " + storage.describe() + "/" + t.key);
+      if (options.verify) t.crc = crc32c(t.bytes + pieces[p].at, pieces[p].len, t.crc);
+      if (pieces[p].at + pieces[p].len != t.rec->length) continue;
+      if (options.verify && t.crc != t.rec->crc32c) return checksum_mismatch(t);
+      if (t.scatter) {
+        scatter(t, t.bytes);
+        t.temp = Buffer();
+        t.bytes = nullptr;
+      }
     }
     return Status::OK();
   };
@@ -449,6 +462,15 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
   size_t launched = 0;
   auto launch = [&] {
     auto [b, e] = batches[launched++];
+    // Temporaries of the non-contiguous shards whose first piece this batch
+    // reads (here, on this thread: a later batch may read their next pieces).
+    for (size_t p = b; p < e; ++p) {
+      if (pieces[p].group >= 0 || pieces[p].at != 0) continue;
+      ShardTask& t = tasks[pieces[p].task];
+      if (!t.scatter) continue;
+      t.temp = Buffer::allocate(t.rec->length, align, t.rec->offset % align);
+      t.bytes = t.temp.data();
+    }
     reading.push_back(std::async(std::launch::async, read_batch, b, e));
   };
   Status first;
@@ -462,13 +484,6 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
   }
   for (auto& f : reading) (void)f.get();  // never leave a read writing into freed memory
   CKPTIO_RETURN_IF_ERROR(first);
-
-  // Scatter non-contiguous shards into their leaves.
-  for (ShardTask& t : tasks) {
-    if (!t.scatter) continue;
-    Tensor& leaf = out.leaves[t.leaf];
-    scatter_box(t.temp.data(), t.rec->box, leaf.shape, dtype_size(leaf.dtype), leaf.data.data());
-  }
 
   // Casts: to the template's dtypes (allow_cast) or to float_dtype.
   std::map<std::string, DType> want;

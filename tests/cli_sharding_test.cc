@@ -98,10 +98,14 @@ TEST_P(ShardedCli, EightProcessesSaveAndOneTwoThreeRestore) {
     EXPECT_EQ(j["processes"], std::stoi(procs));
   }
   // Restoring with the saved rules on a 2x4 mesh reads exactly the saved
-  // boxes: nothing beyond what is needed.
+  // boxes: nothing beyond what is needed on local disk; on an object store
+  // at most the gaps bridged between neighbouring leaves' reads to save
+  // requests (within 1.9% of the bytes needed, docs/read-planning.md).
   json same = check({"--mesh", "dp=2,tp=4", "--rules", rules, "--processes", "2"});
   EXPECT_EQ(same["verified"], true) << same.dump();
-  EXPECT_EQ(same["bytes_read"], same["bytes_needed"]) << same.dump();
+  const uint64_t needed = same["bytes_needed"].get<uint64_t>();
+  if (GetParam() == "Local") EXPECT_EQ(same["bytes_read"].get<uint64_t>(), needed) << same.dump();
+  else EXPECT_LE(same["bytes_read"].get<uint64_t>(), needed + needed * 19 / 1000) << same.dump();
 }
 
 TEST_P(ShardedCli, AProcessKilledMidSaveNeverCommitsThePreviousStepRestores) {

@@ -54,6 +54,7 @@
 #include <optional>
 #include <ostream>
 #include <random>
+#include <sstream>
 #include <set>
 #include <string>
 #include <thread>
@@ -138,7 +139,41 @@ struct TortureTarget {
   // data file is a multipart upload; odd ones are a single PutObject).
   uint64_t small_leaf = 0, big_leaf = 0;
   uint64_t leaf_bytes(int64_t step) const { return step % 2 == 0 ? big_leaf : small_leaf; }
+  // An S3 server on loopback (its TCP port; 0: none). A SIGKILL closes the
+  // child's connections, but the server still finishes the requests it had
+  // received: an index PUT may land after the kill. The parent waits for the
+  // server to close every connection its peer closed before it checks the
+  // store and starts the next child, so the "moment" of a kill is the same
+  // for the checks and the next life; see wait_server_quiet.
+  int server_port = 0;
 };
+
+// Waits until no TCP socket with local port `port` is in CLOSE_WAIT (the
+// peer closed, the server has not: it is still handling what it read),
+// polling /proc/net/tcp{,6}. Returns false after `timeout_s`.
+bool wait_server_quiet(int port, double timeout_s) {
+  const auto start = Clock::now();
+  char want[8];
+  std::snprintf(want, sizeof want, ":%04X", port);
+  for (;;) {
+    bool busy = false;
+    for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+      std::ifstream in(table);
+      std::string line;
+      std::getline(in, line);  // header
+      while (!busy && std::getline(in, line)) {
+        // "  sl  local_address rem_address   st ...": address "HEX:PORT", state hex.
+        std::istringstream f(line);
+        std::string sl, local, remote, st;
+        f >> sl >> local >> remote >> st;
+        busy = local.size() > 5 && local.compare(local.size() - 5, 5, want) == 0 && st == "08";
+      }
+    }
+    if (!busy) return true;
+    if (seconds_since(start) > timeout_s) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
 
 // One child's way of saving, drawn from the seed.
 struct Life {
@@ -264,6 +299,7 @@ struct TortureBooks {
   int kills = 0, early_kills = 0;
   int parent_restores = 0, child_restores = 0, verifies = 0;
   int lives_borrow = 0, lives_two_in_flight = 0, lives_gc_first = 0;
+  double quiesce_seconds = 0;  // waiting for the S3 server to finish a killed child's requests
 };
 
 Result<std::unique_ptr<CheckpointManager>> open_checker(const TortureTarget& t) {
@@ -488,6 +524,12 @@ void run_kill_torture(const TortureTarget& t) {
         << " (its stderr above says why)" << where;
     ++b.kills;
     reader.drain(&msgs);
+    // (Other tests may share the server: past 10 s, go on and say so.)
+    const auto quiet_from = Clock::now();
+    const bool quiet = t.server_port == 0 || wait_server_quiet(t.server_port, 10.0);
+    b.quiesce_seconds += seconds_since(quiet_from);
+    if (!quiet)
+      std::printf("crash torture: the S3 server kept connections in CLOSE_WAIT for 10 s%s\n", where.c_str());
 
     int64_t restored = -1;
     for (const Msg& m : msgs) {
@@ -534,12 +576,12 @@ void run_kill_torture(const TortureTarget& t) {
       "bit-exact by the parent and %d by restarted children, %d verify() passes of older steps, "
       "%zu steps removed by retention; left by killed attempts: %zu unfinished multipart uploads, "
       "%zu temporary directories, %zu unreferenced objects (at the end %zu, %zu, %zu, all removed "
-      "by gc), %.1f s\n",
+      "by gc), %.1f s (%.2f s of it waiting for the server to finish killed children's requests)\n",
       t.name.c_str(), static_cast<unsigned long long>(seed), b.kills, b.early_kills, b.lives_borrow,
       b.lives_two_in_flight, b.lives_gc_first, b.acked.size(), static_cast<long long>(b.latest),
       b.parent_restores, b.child_restores, b.verifies, b.retired.size(), b.leftovers.uploads.size(),
       b.leftovers.dirs.size(), b.leftovers.objects.size(), before_gc.uploads.size(),
-      before_gc.dirs.size(), before_gc.objects.size(), seconds_since(start));
+      before_gc.dirs.size(), before_gc.objects.size(), seconds_since(start), b.quiesce_seconds);
   std::fflush(stdout);
   // Kills that never land after a commit would test nothing.
   EXPECT_GT(b.parent_restores, kills / 2) << "too few kills landed after a commit; timing is off";
@@ -606,6 +648,8 @@ TEST(S3MotoCrashTest, SigkillAtRandomMomentsNeverExposesPartialStep) {
   t.chunk_size = 5ull << 20;
   t.small_leaf = 64 << 10;                 // ~128 KiB: one PutObject
   t.big_leaf = (5ull << 20) / 2 + (64 << 10);  // ~5.1 MiB: two parts
+  t.server_port = std::atoi(srv.endpoint.substr(srv.endpoint.rfind(':') + 1).c_str());
+  ASSERT_GT(t.server_port, 0) << srv.endpoint;
   run_kill_torture(t);
   if (!HasFailure()) {
     auto storage = open_storage(t.uri, t.storage);

@@ -1,8 +1,8 @@
 // Restore: pick the step, parse its index (strictly), select leaves, check
 // them against a template, plan reads, read in batches through the backend
 // while the previous batch is checksummed and its non-contiguous shards are
-// scattered into whole leaves, cast if asked. Restore into a sharding branches off after the template
-// check to src/restore_sharded.cc.
+// scattered into whole leaves, cast if asked. Restore into a sharding
+// branches off after the template check to src/restore_sharded.cc.
 //
 // Reads are planned per shard and cut into pieces of at most kPieceBytes so
 // that checksumming overlaps reading even for one huge leaf; a leaf held in

@@ -13,8 +13,9 @@
 //   staged (borrow):   copy the pieces into a pool buffer and checksum them
 //                block by block while they are hot in cache, queue the write;
 //   direct (borrow):   queue the write straight from the caller's memory
-//                (zero copy: large shards are placed so that their address
-//                and file offset agree modulo 4096, see plan_save), then
+//                (zero copy: on O_DIRECT files large shards are placed so
+//                that their address and file offset agree modulo 4096, see
+//                plan_save; object stores take any address), then
 //                checksum those bytes while the device reads them.
 // Then wait for the writes (borrow mode releases the caller's buffers only
 // now: direct writes read them until they complete); finish() (fsync); write
@@ -25,6 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -239,6 +241,10 @@ CheckpointManager::CheckpointManager(std::shared_ptr<Storage> storage, ManagerOp
   // part) and of 4096 (O_DIRECT, and the staging buffers' alignment), in
   // both staging modes, before anything is copied.
   impl_->unit = write_unit(std::max<uint64_t>(storage_->write_granularity(), 1));
+  // Staging buffers are 4096-aligned, so that is the most a backend may ask
+  // of a data pointer; anything else that is no power of two is treated as 4096.
+  const uint64_t mem = std::max<uint64_t>(storage_->write_memory_alignment(), 1);
+  impl_->memory_align = std::has_single_bit(mem) && mem <= 4096 ? mem : 4096;
   const uint64_t align = std::lcm<uint64_t>(impl_->unit, 4096);
   uint64_t chunk = options_.chunk_size ? options_.chunk_size : (8ull << 20);
   chunk = std::max<uint64_t>((chunk + align - 1) / align * align, align);
@@ -346,13 +352,16 @@ Result<SaveHandle> CheckpointManager::save(int64_t step, const std::vector<LeafV
       leaf.dtype = *options.float_dtype;
     }
   }
-  // Borrow mode writes large shards straight from the caller's memory when
-  // the backend takes aligned ranges; their file offsets follow their
-  // addresses modulo 4096 so that the aligned middle of each qualifies.
+  // Borrow mode writes large shards straight from the caller's memory. A
+  // backend that needs aligned data pointers (O_DIRECT) gets their file
+  // offsets following their addresses modulo that alignment, so that the
+  // aligned middle of each qualifies; elsewhere (object stores, buffered
+  // files) the shards are packed: padding would split the restore's reads.
   const bool zero_copy = !job->copy_mode;
   job->unit = impl_->unit;
-  job->plan = plan_save(job->leaves, zero_copy && job->unit > 1 ? 4096 : 0);
-  job->ranges = plan_write_ranges(job->plan, job->chunk, job->unit, zero_copy);
+  const uint64_t mem = impl_->memory_align;
+  job->plan = plan_save(job->leaves, zero_copy && mem > 1 ? mem : 0);
+  job->ranges = plan_write_ranges(job->plan, job->chunk, job->unit, zero_copy, mem);
   if (job->copy_mode) job->chunks.resize(job->ranges.size());  // before the worker sees the job
 
   {

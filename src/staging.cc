@@ -166,7 +166,7 @@ uint64_t write_unit(uint64_t granularity) {
 }
 
 std::vector<WriteRange> plan_write_ranges(const SavePlan& plan, uint64_t chunk, uint64_t granularity,
-                                          bool zero_copy) {
+                                          bool zero_copy, uint64_t memory_align) {
   const uint64_t unit = write_unit(granularity);
   chunk = std::max<uint64_t>((chunk + unit - 1) / unit * unit, unit);
   std::vector<WriteRange> out;
@@ -178,8 +178,9 @@ std::vector<WriteRange> plan_write_ranges(const SavePlan& plan, uint64_t chunk, 
     const PlannedShard& s = plan.shards[i];
     if (s.length < kMinDirectRunBytes) continue;
     // Direct I/O reads the caller's bytes in place: the address of every
-    // range start must be 4096-aligned, and ranges start at unit multiples.
-    if (unit > 1 && (reinterpret_cast<uintptr_t>(s.src) - s.offset) % 4096 != 0) continue;
+    // range start must be aligned, and ranges start at unit multiples (which
+    // are multiples of 4096, so of any memory_align the manager accepts).
+    if (memory_align > 1 && (reinterpret_cast<uintptr_t>(s.src) - s.offset) % memory_align != 0) continue;
     const uint64_t end = s.offset + s.length;
     const uint64_t a = std::max(pos, (s.offset + unit - 1) / unit * unit);
     const uint64_t b = end / unit * unit;  // a tail would need padding past the caller's bytes

@@ -131,12 +131,13 @@ uint64_t write_unit(uint64_t granularity);
 // multiple of the unit, and every length too except for the range that ends
 // the data file, which is what the storage seam asks of write_async(). With
 // `zero_copy`, the unit-aligned middle of each shard of at least
-// kMinDirectRunBytes whose address agrees with its offset modulo 4096 (any
-// address when the unit is 1) becomes direct ranges; the rest is staged. A
+// kMinDirectRunBytes whose address agrees with its offset modulo
+// `memory_align` (Storage::write_memory_alignment(); any address when it is
+// 1) becomes direct ranges; the rest is staged. A
 // direct range never ends the file unless its length is a unit multiple (it
 // would need padding past the caller's bytes).
 std::vector<WriteRange> plan_write_ranges(const SavePlan& plan, uint64_t chunk, uint64_t granularity,
-                                          bool zero_copy);
+                                          bool zero_copy, uint64_t memory_align);
 
 // Walks the shards of a plan for successive, increasing byte ranges of the
 // data file, yielding the pieces of shards that fall in each. Used to fill

@@ -216,6 +216,7 @@ TEST_F(LocalStorageTest, ChunkedDirectWriteWithPaddedLastChunk) {
     // The storage announces its writers' granularity before any create(),
     // so the core can cut its chunks to it.
     EXPECT_EQ(s->write_granularity(), 4096u);
+    EXPECT_EQ(s->write_memory_alignment(), 4096u);  // O_DIRECT reads the data in place
     (*w)->abort();
   }
   ASSERT_TRUE(write_object(*s, "run-1/data.bin", size, kMiB).ok());
@@ -250,6 +251,7 @@ TEST_F(LocalStorageTest, BufferedWriteTakesAnyGranularity) {
   EXPECT_EQ((*w)->granularity(), 1u);
   EXPECT_EQ((*w)->alignment(), 1u);
   EXPECT_EQ(s->write_granularity(), 1u);
+  EXPECT_EQ(s->write_memory_alignment(), 1u);
   const uint64_t size = 100003;
   std::vector<std::byte> src(size);
   for (uint64_t i = 0; i < size; ++i) src[i] = pattern(i);

@@ -78,6 +78,7 @@ class LocalStorage final : public Storage {
   uint64_t write_granularity() const override {
     return writer_options_.direct != DirectIo::kOff ? 4096 : 1;
   }
+  uint64_t write_memory_alignment() const override { return write_granularity(); }
   uint64_t read_alignment() const override {
     return read_settings_.mode == ReadMode::kDirect && writer_options_.direct != DirectIo::kOff ? 4096 : 1;
   }

@@ -48,8 +48,10 @@ struct StorageCaps {
 //
 // Contract for write_async(): ranges do not overlap; every offset is a multiple
 // of granularity(); every length is a multiple of granularity() except for the
-// range that ends the object. The data pointer is 4096-byte aligned when
-// granularity() > 1 (the core's staging buffers are) and must stay valid until
+// range that ends the object. The data pointer is aligned to the storage's
+// write_memory_alignment() (the core's staging buffers are 4096-aligned; a
+// borrow-mode save writes the caller's memory in place, see below) and must
+// stay valid until
 // `done` runs. The length may exceed the final size by padding up to the next
 // multiple of alignment(); finish() trims the object to `final_size`.
 class WritableObject {
@@ -123,6 +125,13 @@ class Storage {
   // object store's part size; 1 or 4096 locally). The core cuts its save
   // chunks to a multiple of it before it creates the object.
   virtual uint64_t write_granularity() const { return 1; }
+
+  // The alignment write_async() needs of its data pointer (a power of two):
+  // 4096 for O_DIRECT files, 1 where the bytes are copied or sent from any
+  // address (buffered files, object stores). A borrow-mode save pads each
+  // large shard's file offset to agree with its address modulo this value so
+  // that it can be written in place; 1 means no padding at all.
+  virtual uint64_t write_memory_alignment() const { return 1; }
 
   // The alignment at which destination addresses and offsets should agree
   // (modulo this value) for zero-copy reads; 1 when it does not matter.

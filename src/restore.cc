@@ -9,7 +9,8 @@
 // one shard is allocated so that its address agrees with the shard's file
 // offset modulo the backend's read alignment, letting direct I/O land in it
 // without a bounce copy. Small shards (<= 256 KiB) that lie next to each other
-// in a file are read together, up to 8 MiB a request, and copied out.
+// in a file are read together, up to 8 MiB a request, into a scratch arena
+// (up to 64 MiB per batch; two arenas, reused) and copied out.
 //
 // Restore-latest tries committed steps newest first and moves past a step
 // whose index or data is damaged (Status::data_loss(); a missing data file
@@ -27,6 +28,7 @@
 #include <regex>
 #include <set>
 #include <tuple>
+#include <unordered_map>
 
 #include "ckptio/manager.h"
 #include "src/cast.h"
@@ -100,8 +102,11 @@ void scatter_box(const std::byte* src, const Box& box, const Shape& shape, size_
 }
 
 struct ShardTask {
-  std::string where;      // "model/params.w shard 0 (file data-...bin)"
-  std::string key;        // data object
+  const std::string* prefix = nullptr;
+  const LeafRecord* leaf_rec = nullptr;
+  size_t shard = 0;                 // index in leaf_rec->shards
+  const std::string* key = nullptr; // data object (one string per file)
+  size_t file = 0;                  // ordinal of `key`, for sorting
   const ShardRecord* rec = nullptr;
   std::byte* bytes = nullptr;   // where the shard's bytes land (leaf or temp)
   Buffer temp;                  // when the shard is scattered afterwards
@@ -109,6 +114,13 @@ struct ShardTask {
   size_t leaf = 0;              // index into the output leaves
   uint32_t crc = 0;             // running checksum
 };
+
+// "model/params.w shard 0 (file data-...bin, bytes [0, 64))", for messages:
+// built only when one is needed (a restore of 100,000 leaves builds none).
+std::string where(const ShardTask& t) {
+  return leaf_name(*t.prefix, *t.leaf_rec) + " shard " + std::to_string(t.shard) + " (file " + t.rec->file +
+         ", " + byte_range(t.rec->offset, t.rec->length) + ")";
+}
 
 struct Piece {
   size_t task = 0;
@@ -121,16 +133,21 @@ struct Piece {
 // into a scratch buffer and copied out: a state of 100,000 small leaves is
 // then read in a few thousand requests instead of 100,000.
 struct Group {
-  std::string key;
+  const std::string* key = nullptr;
   uint64_t offset = 0;  // in the file
   uint64_t length = 0;
   std::vector<size_t> tasks;
-  Buffer scratch;       // while the read is in flight and copied out
+  std::byte* bytes = nullptr;  // in its batch's scratch arena while in flight
 };
 
 constexpr uint64_t kSmallShard = 256ull << 10;  // shards up to this size may be grouped
 constexpr uint64_t kGroupGap = 4ull << 10;      // bytes between members read and discarded
 constexpr uint64_t kGroupMax = 8ull << 20;      // per request
+// The groups of one batch share one scratch arena of at most this much
+// (each group counted with its alignment slack). With two batches in flight
+// that is up to 16 reads of 8 MiB outstanding, and the two arenas are reused
+// from batch to batch instead of faulting fresh memory for every group.
+constexpr uint64_t kScratchPerBatch = 64ull << 20;
 
 Status check_template(const std::vector<std::pair<std::string, const LeafRecord*>>& selected,
                       const RestoreOptions& options) {
@@ -273,9 +290,14 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
   RestoredState out;
   out.step = the_step;
   out.metadata_json = index.metadata_json;
-  std::map<std::string, const RestoreOptions::Destination*> destinations;
+  std::unordered_map<std::string, const RestoreOptions::Destination*> destinations;
+  destinations.reserve(options.into.size());
   for (const auto& d : options.into) destinations[d.prefix + "/" + d.path] = &d;
+  // One key string per data file, shared by its shards' tasks.
+  std::map<std::string, std::pair<std::string, size_t>, std::less<>> file_keys;
+  for (const DataFileRecord& f : index.files) file_keys.try_emplace(f.name, dir + "/" + f.name, file_keys.size());
   std::vector<ShardTask> tasks;
+  std::string name;  // reused: no allocation per leaf
   for (const auto& [prefix, leaf] : selected) {
     Tensor t;
     t.prefix = prefix;
@@ -283,7 +305,11 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     t.dtype = leaf->dtype;
     t.shape = leaf->shape;
     const size_t item = dtype_size(leaf->dtype);
-    auto dest = destinations.find(leaf_name(prefix, *leaf));
+    auto dest = destinations.end();
+    if (!destinations.empty()) {
+      name.assign(prefix).append(1, '/').append(leaf->path);
+      dest = destinations.find(name);
+    }
     if (dest != destinations.end()) {
       if (dest->second->size != leaf->num_bytes())
         return invalid_argument("restore destination for " + leaf_name(prefix, *leaf) + " holds " +
@@ -297,9 +323,14 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     for (size_t i = 0; i < leaf->shards.size(); ++i) {
       const ShardRecord& rec = leaf->shards[i];
       ShardTask task;
-      task.where = leaf_name(prefix, *leaf) + " shard " + std::to_string(i) + " (file " + rec.file + ", " +
-                   byte_range(rec.offset, rec.length) + ")";
-      task.key = dir + "/" + rec.file;
+      task.prefix = &prefix;
+      task.leaf_rec = leaf;
+      task.shard = i;
+      auto file = file_keys.find(rec.file);
+      if (file == file_keys.end())  // the index reader checks every reference
+        return internal_error("shard of " + leaf_name(prefix, *leaf) + " names unlisted file " + rec.file);
+      task.key = &file->second.first;
+      task.file = file->second.second;
       task.rec = &rec;
       task.leaf = out.leaves.size();
       uint64_t elem = 0;
@@ -322,7 +353,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     for (size_t i = 0; i < tasks.size(); ++i)
       if (tasks[i].rec->length > 0 && tasks[i].rec->length <= kSmallShard) order.push_back(i);
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return std::tie(tasks[a].key, tasks[a].rec->offset) < std::tie(tasks[b].key, tasks[b].rec->offset);
+      return std::tie(tasks[a].file, tasks[a].rec->offset) < std::tie(tasks[b].file, tasks[b].rec->offset);
     });
     Group g;
     auto close = [&] {
@@ -365,8 +396,8 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
   // memory bounded by the batches, with the scatter overlapping the reads.
   auto verify_batch = [&](size_t begin, size_t end) -> Status {
     auto checksum_mismatch = [&](const ShardTask& t) {
-      return data_loss("checksum mismatch in " + t.where + " of step " + std::to_string(the_step) + " at " +
-                       storage.describe() + "/" + t.key);
+      return data_loss("checksum mismatch in " + where(t) + " of step " + std::to_string(the_step) + " at " +
+                       storage.describe() + "/" + *t.key);
     };
     auto scatter = [&](ShardTask& t, const std::byte* from) {
       Tensor& leaf = out.leaves[t.leaf];
@@ -377,12 +408,12 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
         Group& g = groups[pieces[p].group];
         for (size_t ti : g.tasks) {
           ShardTask& t = tasks[ti];
-          const std::byte* in = g.scratch.data() + (t.rec->offset - g.offset);
+          const std::byte* in = g.bytes + (t.rec->offset - g.offset);
           if (options.verify && crc32c(in, t.rec->length, 0) != t.rec->crc32c) return checksum_mismatch(t);
           if (t.scatter) scatter(t, in);
           else std::memcpy(t.bytes, in, t.rec->length);
         }
-        g.scratch = Buffer();
+        g.bytes = nullptr;
         continue;
       }
       ShardTask& t = tasks[pieces[p].task];
@@ -401,13 +432,12 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     std::vector<ReadRequest> reqs;
     for (size_t p = begin; p < end; ++p) {
       if (pieces[p].group >= 0) {
-        Group& g = groups[pieces[p].group];
-        g.scratch = Buffer::allocate(g.length, std::max<uint64_t>(align, 64), g.offset % align);
-        reqs.push_back(ReadRequest{g.key, g.offset, g.length, g.scratch.data()});
+        const Group& g = groups[pieces[p].group];
+        reqs.push_back(ReadRequest{*g.key, g.offset, g.length, g.bytes});
         continue;
       }
       const ShardTask& t = tasks[pieces[p].task];
-      reqs.push_back(ReadRequest{t.key, t.rec->offset + pieces[p].at, pieces[p].len,
+      reqs.push_back(ReadRequest{*t.key, t.rec->offset + pieces[p].at, pieces[p].len,
                                  t.bytes + pieces[p].at});
     }
     Status st = storage.read(reqs);
@@ -417,10 +447,10 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     // buffers are reused: the batch failed, nothing of it is kept.
     const std::string of_step = " of step " + std::to_string(the_step);
     auto read_one = [&](const ShardTask& t, uint64_t at, uint64_t len, std::byte* dst) -> Status {
-      ReadRequest r{t.key, t.rec->offset + at, len, dst};
+      ReadRequest r{*t.key, t.rec->offset + at, len, dst};
       Status one = storage.read(std::span<const ReadRequest>(&r, 1));
       if (one.ok()) return one;
-      return data_read_error(one, "restore " + t.where + of_step, storage.describe() + "/" + t.key);
+      return data_read_error(one, "restore " + where(t) + of_step, storage.describe() + "/" + *t.key);
     };
     for (size_t p = begin; p < end; ++p) {
       if (pieces[p].group < 0) {
@@ -433,12 +463,12 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
       if (whole.ok()) continue;
       for (size_t ti : g.tasks) {
         const ShardTask& t = tasks[ti];
-        Status one = read_one(t, 0, t.rec->length, g.scratch.data() + (t.rec->offset - g.offset));
+        Status one = read_one(t, 0, t.rec->length, g.bytes + (t.rec->offset - g.offset));
         if (!one.ok()) return one;
       }
       return data_read_error(whole, "restore the " + std::to_string(g.tasks.size()) + " small shards from " +
-                                        tasks[g.tasks.front()].where + " on" + of_step,
-                             storage.describe() + "/" + g.key);
+                                        where(tasks[g.tasks.front()]) + " on" + of_step,
+                             storage.describe() + "/" + *g.key);
     }
     return st.annotate("restore step " + std::to_string(the_step));
   };
@@ -448,7 +478,14 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
   for (size_t begin = 0; begin < pieces.size();) {
     size_t end = begin;
     uint64_t bytes = 0;
-    while (end < pieces.size() && (end == begin || bytes + pieces[end].len <= kBatchBytes)) bytes += pieces[end++].len;
+    uint64_t scratch = 0;
+    while (end < pieces.size()) {
+      const uint64_t s = pieces[end].group >= 0 ? pieces[end].len + align - 1 : 0;
+      if (end > begin && (bytes + pieces[end].len > kBatchBytes || scratch + s > kScratchPerBatch)) break;
+      bytes += pieces[end].len;
+      scratch += s;
+      ++end;
+    }
     batches.emplace_back(begin, end);
     out.stats.bytes_read += bytes;
     out.stats.requests += end - begin;
@@ -458,14 +495,32 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
   // batch's last request before it sees the next; this thread checksums
   // each batch, in order, as soon as it has landed.
   constexpr size_t kBatchesInFlight = 2;
+  // Batch i lays its groups out in arena i % kBatchesInFlight: batch i + 2 is
+  // launched only after batch i has been verified. (Declared before
+  // `reading`, whose futures wait for their reads as they are destroyed.)
+  Buffer arenas[kBatchesInFlight];
   std::deque<std::future<Status>> reading;
   size_t launched = 0;
   auto launch = [&] {
+    Buffer& arena = arenas[launched % kBatchesInFlight];
     auto [b, e] = batches[launched++];
-    // Temporaries of the non-contiguous shards whose first piece this batch
-    // reads (here, on this thread: a later batch may read their next pieces).
+    uint64_t need = 0;
+    for (size_t p = b; p < e; ++p)
+      if (pieces[p].group >= 0) need += pieces[p].len + align - 1;
+    if (need > arena.size()) arena = Buffer::allocate(need, std::max<uint64_t>(align, 64));
+    uint64_t pos = 0;  // arena offsets; the arena starts aligned
+    // The groups' places in the arena, and temporaries of the non-contiguous
+    // shards whose first piece this batch reads (here, on this thread: a
+    // later batch may read their next pieces).
     for (size_t p = b; p < e; ++p) {
-      if (pieces[p].group >= 0 || pieces[p].at != 0) continue;
+      if (pieces[p].group >= 0) {  // at an address that agrees with its file offset
+        Group& g = groups[pieces[p].group];
+        pos += (g.offset % align + align - pos % align) % align;
+        g.bytes = arena.data() + pos;
+        pos += g.length;
+        continue;
+      }
+      if (pieces[p].at != 0) continue;
       ShardTask& t = tasks[pieces[p].task];
       if (!t.scatter) continue;
       t.temp = Buffer::allocate(t.rec->length, align, t.rec->offset % align);
@@ -489,6 +544,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
   std::map<std::string, DType> want;
   for (const LeafSpec& e : options.expected) want[e.prefix + "/" + e.path] = e.dtype;
   for (Tensor& leaf : out.leaves) {
+    if (want.empty() && !options.float_dtype) break;  // nothing to cast: no string work per leaf
     std::optional<DType> to;
     auto it = want.find(leaf.prefix + "/" + leaf.path);
     if (it != want.end() && it->second != leaf.dtype) to = it->second;

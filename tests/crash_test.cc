@@ -123,7 +123,7 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-using testutil::other_threads;
+using testutil::other_threads_after;
 using testutil::under_thread_sanitizer;
 
 // ---- Kill torture -------------------------------------------------------------
@@ -445,7 +445,7 @@ void run_kill_torture(const TortureTarget& t) {
     b.lives_gc_first += life.gc_first;
 
     if (!under_thread_sanitizer()) {  // TSan's own helper thread is fork-safe
-      auto others = other_threads();
+      auto others = other_threads_after();
       ASSERT_TRUE(others.empty()) << "the parent must fork single-threaded; also running: "
                                   << others.front() << where;
     }

@@ -389,7 +389,7 @@ TEST(FsFault, FullAndReadOnlyFileSystemAtEveryStage) {
   // Root: run as nobody in a child so that read-only directories refuse.
   ASSERT_EQ(::chown(mount.c_str(), kNobody, kNobody), 0) << std::strerror(errno);
   if (!testutil::under_thread_sanitizer()) {
-    auto others = testutil::other_threads();
+    auto others = testutil::other_threads_after();
     ASSERT_TRUE(others.empty()) << "must fork single-threaded; also running: " << others.front();
   }
   std::fflush(nullptr);

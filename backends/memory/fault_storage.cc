@@ -102,6 +102,7 @@ class FaultStorageImpl final : public FaultStorage,
   std::string describe() const override { return "fault+" + base_->describe(); }
   uint64_t read_alignment() const override { return base_->read_alignment(); }
   uint64_t write_granularity() const override { return base_->write_granularity(); }
+  uint64_t write_memory_alignment() const override { return base_->write_memory_alignment(); }
   Result<std::vector<ListEntry>> list_unfinished(const std::string& prefix) override {
     return base_->list_unfinished(prefix);
   }

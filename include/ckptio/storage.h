@@ -126,12 +126,14 @@ class Storage {
   // chunks to a multiple of it before it creates the object.
   virtual uint64_t write_granularity() const { return 1; }
 
-  // The alignment write_async() needs of its data pointer (a power of two):
-  // 4096 for O_DIRECT files, 1 where the bytes are copied or sent from any
-  // address (buffered files, object stores). A borrow-mode save pads each
-  // large shard's file offset to agree with its address modulo this value so
-  // that it can be written in place; 1 means no padding at all.
-  virtual uint64_t write_memory_alignment() const { return 1; }
+  // The alignment write_async() needs of its data pointer (a power of two,
+  // at most 4096): 4096 for O_DIRECT files, 1 where the bytes are copied or
+  // sent from any address (buffered files, object stores). A borrow-mode
+  // save pads each large shard's file offset to agree with its address
+  // modulo this value so that it can be written in place; 1 means no padding
+  // at all. The default is the safe one (4096 whenever writes are coarse);
+  // backends that take any address say so, and wrappers forward it.
+  virtual uint64_t write_memory_alignment() const { return write_granularity() > 1 ? 4096 : 1; }
 
   // The alignment at which destination addresses and offsets should agree
   // (modulo this value) for zero-copy reads; 1 when it does not matter.

@@ -4,9 +4,11 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ckptio::testutil {
@@ -40,6 +42,21 @@ inline std::vector<std::string> other_threads() {
     names.push_back(comm + " (" + e.path().filename().string() + ")");
   }
   return names;
+}
+
+// other_threads(), polled until it is empty or `patience` has passed. A
+// thread that was just joined can still be listed for a moment (the kernel
+// wakes the joiner before it removes the task), and so can a library's
+// helper thread that is finishing on its own; a thread that is still there
+// after the wait is a real one.
+inline std::vector<std::string> other_threads_after(std::chrono::milliseconds patience =
+                                                        std::chrono::seconds(3)) {
+  const auto until = std::chrono::steady_clock::now() + patience;
+  for (;;) {
+    auto names = other_threads();
+    if (names.empty() || std::chrono::steady_clock::now() >= until) return names;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 }  // namespace ckptio::testutil

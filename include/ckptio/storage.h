@@ -51,9 +51,9 @@ struct StorageCaps {
 // range that ends the object. The data pointer is aligned to the storage's
 // write_memory_alignment() (the core's staging buffers are 4096-aligned; a
 // borrow-mode save writes the caller's memory in place, see below) and must
-// stay valid until
-// `done` runs. The length may exceed the final size by padding up to the next
-// multiple of alignment(); finish() trims the object to `final_size`.
+// stay valid until `done` runs. The length may exceed the final size by
+// padding up to the next multiple of alignment(); finish() trims the object
+// to `final_size`.
 class WritableObject {
  public:
   virtual ~WritableObject() = default;

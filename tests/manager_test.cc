@@ -731,34 +731,47 @@ class CoarseStorage final : public Storage {
   const uint64_t mem_;
 };
 
+// Leaves in 4096-aligned memory at a chosen phase (the address modulo 4096),
+// as a caller's arrays: what decides whether zero copy is possible.
+struct PlacedLeaves {
+  std::vector<std::unique_ptr<std::byte, decltype(&std::free)>> memory;
+  std::vector<OwnedLeaf> want;
+  std::vector<LeafView> leaves;
+  uint64_t total = 0;  // bytes of all leaves
+
+  void add(std::string path, DType dtype, Shape shape, uint64_t seed, size_t phase = 0) {
+    OwnedLeaf l = make_leaf("model", std::move(path), dtype, std::move(shape), seed);
+    const size_t n = std::max<size_t>(l.bytes.size() + phase, 1);
+    auto* p = static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096));
+    std::memcpy(p + phase, l.bytes.data(), l.bytes.size());
+    memory.emplace_back(p, &std::free);
+    leaves.push_back(LeafView::full(l.prefix, l.path, l.dtype, l.shape, p + phase));
+    total += l.bytes.size();
+    want.push_back(std::move(l));
+  }
+  // Tells the storage which writes come straight from these leaves.
+  void register_with(CoarseStorage& storage) const {
+    for (size_t i = 0; i < leaves.size(); ++i)
+      storage.log.caller.emplace_back(static_cast<const std::byte*>(leaves[i].shards[0].data),
+                                      want[i].bytes.size());
+  }
+};
+
 TEST(ManagerGranularityTest, ChunksFollowALargeWriteGranularityInBothStagingModes) {
   constexpr uint64_t kGran = 3 * (4ull << 20);  // 12 MiB: an S3-like part, not a power of two
   // 4096-aligned leaves (so zero copy is possible) of sizes around the
   // granularity, with small ones between them.
-  std::vector<std::unique_ptr<std::byte, decltype(&std::free)>> memory;
-  std::vector<OwnedLeaf> want;
-  std::vector<LeafView> leaves;
-  auto add = [&](std::string path, DType dtype, Shape shape, uint64_t seed) {
-    OwnedLeaf l = make_leaf("model", std::move(path), dtype, std::move(shape), seed);
-    const size_t n = std::max<size_t>(l.bytes.size(), 1);
-    auto* p = static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096));
-    std::memcpy(p, l.bytes.data(), l.bytes.size());
-    memory.emplace_back(p, &std::free);
-    leaves.push_back(LeafView::full(l.prefix, l.path, l.dtype, l.shape, p));
-    want.push_back(std::move(l));
-  };
-  add("a.big", DType::kFloat32, {(int64_t)(kGran / 4) * 2 + 999}, 1);  // 2 parts and a bit
-  add("b.small", DType::kInt16, {333}, 2);
-  add("c.big", DType::kUInt8, {(int64_t)kGran * 3}, 3);
-  add("d.scalar", DType::kFloat64, {}, 4);
-  add("e.odd", DType::kUInt8, {(int64_t)kGran + 12345}, 5);
+  PlacedLeaves state;
+  state.add("a.big", DType::kFloat32, {(int64_t)(kGran / 4) * 2 + 999}, 1);  // 2 parts and a bit
+  state.add("b.small", DType::kInt16, {333}, 2);
+  state.add("c.big", DType::kUInt8, {(int64_t)kGran * 3}, 3);
+  state.add("d.scalar", DType::kFloat64, {}, 4);
+  state.add("e.odd", DType::kUInt8, {(int64_t)kGran + 12345}, 5);
 
   for (StagingMode mode : {StagingMode::kCopy, StagingMode::kBorrow}) {
     SCOPED_TRACE(mode == StagingMode::kCopy ? "copy" : "borrow");
     auto storage = std::make_shared<CoarseStorage>(make_memory_storage(false), kGran);
-    for (size_t i = 0; i < leaves.size(); ++i)
-      storage->log.caller.emplace_back(static_cast<const std::byte*>(leaves[i].shards[0].data),
-                                       want[i].bytes.size());
+    state.register_with(*storage);
     // A chunk far below the granularity, and a pool of two chunks: the
     // manager must round the chunk up before it cuts or copies anything.
     ManagerOptions o;
@@ -766,7 +779,7 @@ TEST(ManagerGranularityTest, ChunksFollowALargeWriteGranularityInBothStagingMode
     o.chunk_size = 1 << 20;
     o.staging_budget = 2 * kGran;
     auto m = std::make_unique<CheckpointManager>(storage, o);
-    auto h = m->save(1, leaves);
+    auto h = m->save(1, state.leaves);
     ASSERT_TRUE(h.ok()) << h.status().to_string();
     ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
     {
@@ -781,7 +794,7 @@ TEST(ManagerGranularityTest, ChunksFollowALargeWriteGranularityInBothStagingMode
     }
     auto r = m->restore(1);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
-    expect_restored(*r, want);
+    expect_restored(*r, state.want);
     EXPECT_TRUE(m->verify(1).ok());
   }
 }
@@ -791,49 +804,35 @@ TEST(ManagerGranularityTest, ObjectStoresGetPackedShardsAndZeroCopyFromAnyAddres
   // must neither pad large shards to 4 KiB phases (each gap would split the
   // restore's ranged reads) nor give up zero copy for unaligned memory.
   constexpr uint64_t kGran = 5ull << 20;  // S3's smallest part
-  std::vector<std::unique_ptr<std::byte, decltype(&std::free)>> memory;
-  std::vector<OwnedLeaf> want;
-  std::vector<LeafView> leaves;
-  uint64_t total = 0;
-  auto add = [&](std::string path, DType dtype, Shape shape, uint64_t seed, size_t phase) {
-    OwnedLeaf l = make_leaf("model", std::move(path), dtype, std::move(shape), seed);
-    auto* p = static_cast<std::byte*>(std::aligned_alloc(4096, (l.bytes.size() + phase + 4095) / 4096 * 4096));
-    std::memcpy(p + phase, l.bytes.data(), l.bytes.size());
-    memory.emplace_back(p, &std::free);
-    leaves.push_back(LeafView::full(l.prefix, l.path, l.dtype, l.shape, p + phase));
-    total += l.bytes.size();
-    want.push_back(std::move(l));
-  };
-  add("a.big", DType::kFloat32, {(int64_t)(kGran / 4) * 3 + 17}, 1, 8);  // address 8 mod 4096
-  add("b.small", DType::kInt16, {333}, 2, 0);
-  add("c.big", DType::kUInt8, {(int64_t)kGran * 2 + 4000}, 3, 1000);
-  add("d.big", DType::kFloat64, {(int64_t)(kGran / 8) * 2 + 5}, 4, 0);
+  PlacedLeaves state;
+  state.add("a.big", DType::kFloat32, {(int64_t)(kGran / 4) * 3 + 17}, 1, 8);  // address 8 mod 4096
+  state.add("b.small", DType::kInt16, {333}, 2, 0);
+  state.add("c.big", DType::kUInt8, {(int64_t)kGran * 2 + 4000}, 3, 1000);
+  state.add("d.big", DType::kFloat64, {(int64_t)(kGran / 8) * 2 + 5}, 4, 0);
 
   for (uint64_t mem : {uint64_t{1}, uint64_t{4096}}) {
     SCOPED_TRACE("memory alignment " + std::to_string(mem));
     auto storage = std::make_shared<CoarseStorage>(make_memory_storage(false), kGran, mem);
-    for (size_t i = 0; i < leaves.size(); ++i)
-      storage->log.caller.emplace_back(static_cast<const std::byte*>(leaves[i].shards[0].data),
-                                       want[i].bytes.size());
+    state.register_with(*storage);
     ManagerOptions o;
     o.staging = StagingMode::kBorrow;
     auto m = std::make_unique<CheckpointManager>(storage, o);
-    auto h = m->save(1, leaves);
+    auto h = m->save(1, state.leaves);
     ASSERT_TRUE(h.ok()) << h.status().to_string();
     ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
     {
       std::lock_guard lock(storage->log.mu);
       EXPECT_TRUE(storage->log.violations.empty()) << storage->log.violations.front();
       if (mem == 1) {
-        EXPECT_EQ(storage->log.final_size, total) << "padding between shards on an object store";
+        EXPECT_EQ(storage->log.final_size, state.total) << "padding between shards on an object store";
         EXPECT_GE(storage->log.direct_writes, 3u) << "unaligned caller memory was staged, not sent in place";
       } else {
-        EXPECT_GT(storage->log.final_size, total) << "O_DIRECT-like storage: shards phase-aligned";
+        EXPECT_GT(storage->log.final_size, state.total) << "O_DIRECT-like storage: shards phase-aligned";
       }
     }
     auto r = m->restore(1);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
-    expect_restored(*r, want);
+    expect_restored(*r, state.want);
     EXPECT_TRUE(m->verify(1).ok());
   }
 }

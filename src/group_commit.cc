@@ -125,8 +125,8 @@ Status check_process_group(const ProcessGroup& g) {
   return Status::OK();
 }
 
-std::string group_data_file(const std::string& attempt, int process_index) {
-  return "data-" + attempt + "-p" + std::to_string(process_index) + "-0.bin";
+std::string group_data_file(const std::string& attempt, int process_index, size_t n) {
+  return "data-" + attempt + "-p" + std::to_string(process_index) + "-" + std::to_string(n) + ".bin";
 }
 
 Status publish_manifest(const GroupSave& g, const Index& partial, const Status& own) {
@@ -222,7 +222,7 @@ Status await_outcome(const GroupSave& g) {
   const auto t0 = Clock::now();
   Poller poll(g.group);
   for (;;) {
-    // Committed: the step's index lists this process's data file (a step
+    // Committed: the step's index lists this process's (first) data file (a step
     // committed by an earlier run, which overwrite replaces, does not).
     auto text = g.storage.get(index, IndexLimits{}.max_bytes);
     if (text.ok() && text->find(ours) != std::string::npos) {

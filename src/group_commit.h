@@ -24,7 +24,7 @@ std::string group_attempt_id(const std::string& run_id, int64_t step, uint64_t n
 Status check_process_group(const ProcessGroup& group);
 
 // The data file one process writes: "data-<attempt>-p<index>-0.bin".
-std::string group_data_file(const std::string& attempt, int process_index);
+std::string group_data_file(const std::string& attempt, int process_index, size_t n = 0);
 
 struct GroupSave {
   Storage& storage;

@@ -158,10 +158,10 @@ struct SaveJob {
   std::vector<Buffer> owned;  // cast copies the leaves point into
   SaveOptions options;
   AttemptPaths paths;
-  std::string data_file;  // name of this process's data file in the step
+  std::vector<std::string> data_files;  // this process's data files in the step (plan.files)
   bool group = false;     // a multi-process save (ManagerOptions::processes)
   SavePlan plan;
-  std::vector<WriteRange> ranges;  // the data file's write requests, in order
+  std::vector<WriteRange> ranges;  // the data files' write requests, in order
   uint64_t chunk = 0;
   uint64_t unit = 1;  // write_unit() of the backend's granularity
   bool copy_mode = true;
@@ -245,6 +245,7 @@ CheckpointManager::CheckpointManager(std::shared_ptr<Storage> storage, ManagerOp
   // of a data pointer; anything else that is no power of two is treated as 4096.
   const uint64_t mem = std::max<uint64_t>(storage_->write_memory_alignment(), 1);
   impl_->memory_align = std::has_single_bit(mem) && mem <= 4096 ? mem : 4096;
+  impl_->object_bytes = storage_->data_object_bytes();
   const uint64_t align = std::lcm<uint64_t>(impl_->unit, 4096);
   uint64_t chunk = options_.chunk_size ? options_.chunk_size : (8ull << 20);
   chunk = std::max<uint64_t>((chunk + align - 1) / align * align, align);
@@ -329,11 +330,9 @@ Result<SaveHandle> CheckpointManager::save(int64_t step, const std::vector<LeafV
       n = impl_->group_saves[step]++;
     }
     job->paths = plan_attempt(*storage_, final_dir, group_attempt_id(group.run_id, step, n));
-    job->data_file = group_data_file(job->paths.attempt, group.index);
     job->group = true;
   } else {
     job->paths = plan_attempt(*storage_, final_dir);
-    job->data_file = data_file_name(job->paths.attempt, 0);
   }
   job->chunk = impl_->chunk;
 
@@ -360,8 +359,11 @@ Result<SaveHandle> CheckpointManager::save(int64_t step, const std::vector<LeafV
   const bool zero_copy = !job->copy_mode;
   job->unit = impl_->unit;
   const uint64_t mem = impl_->memory_align;
-  job->plan = plan_save(job->leaves, zero_copy && mem > 1 ? mem : 0);
+  job->plan = plan_save(job->leaves, zero_copy && mem > 1 ? mem : 0, impl_->object_bytes, job->unit);
   job->ranges = plan_write_ranges(job->plan, job->chunk, job->unit, zero_copy, mem);
+  for (size_t f = 0; f < job->plan.files.size(); ++f)
+    job->data_files.push_back(multi ? group_data_file(job->paths.attempt, group.index, f)
+                                    : data_file_name(job->paths.attempt, static_cast<int>(f)));
   if (job->copy_mode) job->chunks.resize(job->ranges.size());  // before the worker sees the job
 
   {
@@ -429,28 +431,31 @@ Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& 
                                            double& write_seconds) {
   Storage& storage = owner->storage();
   const auto t0 = Clock::now();
-  const std::string key = job.paths.stage_dir + "/" + job.data_file;
-  auto created = storage.create(key, job.plan.total);
-  if (!created.ok()) {
+  const std::vector<PlannedFile>& files = job.plan.files;
+  auto key_of = [&](size_t f) { return job.paths.stage_dir + "/" + job.data_files[f]; };
+  std::vector<std::unique_ptr<WritableObject>> writers;
+  auto fail_early = [&](Status st) {
     job.failed = true;
     drain_ready(job);
     if (!job.copy_mode) job.handle->set_released();
-    return created.status();
-  }
-  std::unique_ptr<WritableObject> writer = std::move(created).value();
-  const uint64_t align = std::max<uint64_t>(writer->alignment(), 1);
-  const uint64_t gran = std::max<uint64_t>(writer->granularity(), 1);
-  if (job.unit % gran != 0 || job.chunk % align != 0) {
-    // The ranges were cut for Storage::write_granularity(); a writer that
-    // disagrees with it would get misaligned parts: fail loudly instead.
-    job.failed = true;
-    drain_ready(job);
-    if (!job.copy_mode) job.handle->set_released();
-    writer->abort();
-    return internal_error("write ranges were cut for a granularity of " + std::to_string(job.unit) +
-                          " bytes, but " + storage.describe() + "/" + key + " asks for " +
-                          std::to_string(gran) + " (alignment " + std::to_string(align) +
-                          "): Storage::write_granularity() and the writer disagree");
+    for (auto& w : writers) w->abort();
+    return st;
+  };
+  for (size_t f = 0; f < files.size(); ++f) {
+    auto created = storage.create_new(key_of(f), files[f].size);  // the attempt's own name
+    if (!created.ok()) return fail_early(created.status());
+    writers.push_back(std::move(created).value());
+    const WritableObject& w = *writers.back();
+    const uint64_t align = std::max<uint64_t>(w.alignment(), 1);
+    const uint64_t gran = std::max<uint64_t>(w.granularity(), 1);
+    if (job.unit % gran != 0 || job.chunk % align != 0) {
+      // The ranges were cut for Storage::write_granularity(); a writer that
+      // disagrees with it would get misaligned parts: fail loudly instead.
+      return fail_early(internal_error(
+          "write ranges were cut for a granularity of " + std::to_string(job.unit) + " bytes, but " +
+          storage.describe() + "/" + key_of(f) + " asks for " + std::to_string(gran) + " (alignment " +
+          std::to_string(align) + "): Storage::write_granularity() and the writer disagree"));
+    }
   }
 
   struct Pending {
@@ -459,9 +464,10 @@ Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& 
     uint64_t count = 0;
     Status first;
   } pending;
-  auto queue_write = [&](uint64_t off, const std::byte* data, uint64_t n, std::byte* pooled) {
+  auto queue_write = [&](const WriteRange& r, const std::byte* data, uint64_t n, std::byte* pooled) {
     { std::lock_guard lock(pending.mu); ++pending.count; }
-    writer->write_async(off, std::span<const std::byte>(data, n), [&, pooled](Status st) {
+    writers[r.file]->write_async(r.offset - files[r.file].start, std::span<const std::byte>(data, n),
+                                 [&, pooled](Status st) {
       if (pooled) pool->release(pooled);
       std::lock_guard lock(pending.mu);
       if (!st.ok() && pending.first.ok()) pending.first = st;
@@ -477,12 +483,13 @@ Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& 
   crcs.assign(job.plan.shards.size(), 0);
   for (const WriteRange& r : job.ranges) {
     if (write_failed()) job.failed = true;
-    const bool ends_file = r.offset + r.length == job.plan.total;
+    const uint64_t align = std::max<uint64_t>(writers[r.file]->alignment(), 1);
+    const bool ends_file = r.offset + r.length == files[r.file].start + files[r.file].size;
     if (r.direct && !(ends_file && r.length % align != 0)) {
       if (job.failed) break;
       // Zero copy: the device reads the caller's bytes; checksum them
       // meanwhile (borrow mode: they do not change until released).
-      queue_write(r.offset, r.direct, r.length, nullptr);
+      queue_write(r, r.direct, r.length, nullptr);
       crcs[r.shard] = crc32c(r.direct, r.length, crcs[r.shard]);
       continue;
     }
@@ -506,7 +513,7 @@ Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& 
     }
     const uint64_t padded = std::min<uint64_t>((r.length + align - 1) / align * align, pool->chunk());
     if (padded > r.length) std::memset(buf + r.length, 0, padded - r.length);
-    queue_write(r.offset, buf, padded, buf);
+    queue_write(r, buf, padded, buf);
   }
   {
     std::unique_lock lock(pending.mu);
@@ -518,12 +525,18 @@ Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& 
   Status st = pending.first;
   if (st.ok() && job.failed) st = internal_error("save stopped early");
   if (!st.ok()) {
-    writer->abort();
-    return st.annotate("write " + storage.describe() + "/" + key);
+    for (auto& w : writers) w->abort();
+    return st.annotate("write " + storage.describe() + "/" + job.paths.stage_dir + "/data-*");
   }
-  st = writer->finish(job.plan.total);
+  for (size_t f = 0; f < files.size(); ++f) {
+    st = writers[f]->finish(files[f].size).annotate("make durable " + storage.describe() + "/" + key_of(f));
+    if (!st.ok()) {
+      for (size_t g = f + 1; g < files.size(); ++g) writers[g]->abort();
+      break;
+    }
+  }
   write_seconds = seconds_since(t0);
-  return st.annotate("make durable " + storage.describe() + "/" + key);
+  return st;
 }
 
 void CheckpointManager::Impl::drain_ready(SaveJob& job) {
@@ -545,8 +558,8 @@ Index CheckpointManager::Impl::build_index(const SaveJob& job, const std::vector
   index.created_unix_ns = job.created_unix_ns;
   index.committed_unix_ns = unix_ns_now();
   index.metadata_json = job.options.metadata_json.empty() ? "{}" : job.options.metadata_json;
-  const std::string& file = job.data_file;
-  index.files.push_back({file, job.plan.total});
+  for (size_t f = 0; f < job.plan.files.size(); ++f)
+    index.files.push_back({job.data_files[f], job.plan.files[f].size});
   // Every leaf, in the caller's order, also one without shards (a process
   // of a multi-process save that writes none of it; a zero-size leaf).
   std::map<std::string, size_t> prefix_at;
@@ -563,8 +576,8 @@ Index CheckpointManager::Impl::build_index(const SaveJob& job, const std::vector
     const LeafView& leaf = job.leaves[ps.leaf];
     ShardRecord rec;
     rec.box = leaf.shards[ps.shard].box;
-    rec.file = file;
-    rec.offset = ps.offset;
+    rec.file = job.data_files[ps.file];
+    rec.offset = ps.offset - job.plan.files[ps.file].start;
     rec.length = ps.length;
     rec.crc32c = crcs[&ps - job.plan.shards.data()];
     index.prefixes[where[ps.leaf].first].leaves[where[ps.leaf].second].shards.push_back(std::move(rec));
@@ -610,7 +623,7 @@ Status CheckpointManager::Impl::commit_group(SaveJob& job, const std::vector<uin
 void CheckpointManager::Impl::run_job(SaveJob& job) {
   Storage& storage = owner->storage();
   SaveStats stats;
-  stats.bytes = job.plan.total;
+  stats.bytes = job.plan.bytes();
   stats.stall_seconds = job.stall_seconds;
 
   std::vector<uint32_t> crcs;
@@ -628,10 +641,10 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
     stats.commit_seconds = seconds_since(t0);
   }
   if (!st.ok()) {
-    if (job.group)  // the staging directory is shared: only this process's file
-      (void)storage.remove(job.paths.stage_dir + "/" + job.data_file);
+    if (job.group)  // the staging directory is shared: only this process's files
+      for (const std::string& f : job.data_files) (void)storage.remove(job.paths.stage_dir + "/" + f);
     else
-      discard_attempt(storage, job.paths, {job.data_file});
+      discard_attempt(storage, job.paths, job.data_files);
     st = st.annotate("save step " + std::to_string(job.step));
     spdlog::error("ckptio: {}", st.to_string());
   } else {

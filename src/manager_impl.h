@@ -41,6 +41,7 @@ struct CheckpointManager::Impl {
   uint64_t chunk = 0;  // bytes per write request: a multiple of `unit`
   uint64_t unit = 1;   // write_unit() of the storage's write granularity
   uint64_t memory_align = 1;  // Storage::write_memory_alignment(), 1..4096
+  uint64_t object_bytes = 0;  // Storage::data_object_bytes(): 0 = one data file
   std::unique_ptr<BufferPool> pool;
   std::unique_ptr<Crew> crew;  // copy mode's copiers beside the caller
   std::thread worker;

@@ -131,8 +131,17 @@ void Crew::loop() {
   }
 }
 
-SavePlan plan_save(const std::vector<LeafView>& leaves, uint64_t phase_align) {
+uint64_t SavePlan::bytes() const {
+  uint64_t n = 0;
+  for (const PlannedFile& f : files) n += f.size;
+  return n;
+}
+
+SavePlan plan_save(const std::vector<LeafView>& leaves, uint64_t phase_align, uint64_t object_bytes,
+                   uint64_t file_align) {
   SavePlan plan;
+  plan.files.push_back({});
+  file_align = std::max<uint64_t>(file_align, 1);
   // Two passes: whole leaves, then the shards of sharded leaves.
   auto whole = [](const LeafView& leaf) {
     return leaf.shards.size() == 1 && leaf.shards[0].box.extent() == leaf.shape;
@@ -148,6 +157,13 @@ SavePlan plan_save(const std::vector<LeafView>& leaves, uint64_t phase_align) {
       p.shard = s;
       p.src = static_cast<const std::byte*>(leaf.shards[s].data);
       p.length = checked_num_bytes(leaf.shards[s].box.extent(), item).value_or(0);
+      const uint64_t used = plan.total - plan.files.back().start;
+      if (object_bytes > 0 && used > 0 && p.length > object_bytes - std::min(used, object_bytes)) {
+        plan.files.back().size = used;
+        plan.total = (plan.total + file_align - 1) / file_align * file_align;
+        plan.files.push_back({plan.total, 0});
+      }
+      p.file = plan.files.size() - 1;
       if (phase_align > 1 && p.length >= kPhaseAlignMinBytes) {
         const uint64_t want = reinterpret_cast<uintptr_t>(p.src) & (phase_align - 1);
         plan.total += (want - plan.total) & (phase_align - 1);
@@ -157,6 +173,7 @@ SavePlan plan_save(const std::vector<LeafView>& leaves, uint64_t phase_align) {
       plan.shards.push_back(p);
     }
   }
+  plan.files.back().size = plan.total - plan.files.back().start;
   return plan;
 }
 
@@ -170,13 +187,21 @@ std::vector<WriteRange> plan_write_ranges(const SavePlan& plan, uint64_t chunk, 
   const uint64_t unit = write_unit(granularity);
   chunk = std::max<uint64_t>((chunk + unit - 1) / unit * unit, unit);
   std::vector<WriteRange> out;
+  size_t file = 0;
   auto staged = [&](uint64_t from, uint64_t to) {
-    for (uint64_t at = from; at < to; at += chunk) out.push_back({at, std::min(chunk, to - at), nullptr, 0});
+    for (uint64_t at = from; at < to; at += chunk)
+      out.push_back({at, std::min(chunk, to - at), nullptr, 0, file});
   };
-  uint64_t pos = 0;  // everything before is planned; a multiple of unit
-  for (size_t i = 0; zero_copy && i < plan.shards.size(); ++i) {
+  // Everything before pos is planned; pos is a multiple of unit (files
+  // start at unit multiples when there are several).
+  uint64_t pos = plan.files.empty() ? 0 : plan.files[0].start;
+  for (size_t i = 0; i < plan.shards.size(); ++i) {
     const PlannedShard& s = plan.shards[i];
-    if (s.length < kMinDirectRunBytes) continue;
+    while (file < s.file) {  // close the files before this shard's
+      staged(pos, plan.files[file].start + plan.files[file].size);
+      pos = plan.files[++file].start;
+    }
+    if (!zero_copy || s.length < kMinDirectRunBytes) continue;
     // Direct I/O reads the caller's bytes in place: the address of every
     // range start must be aligned, and ranges start at unit multiples (which
     // are multiples of 4096, so of any memory_align the manager accepts).
@@ -187,10 +212,13 @@ std::vector<WriteRange> plan_write_ranges(const SavePlan& plan, uint64_t chunk, 
     if (b <= a || b - a < kMinDirectRunBytes) continue;
     staged(pos, a);
     for (uint64_t at = a; at < b; at += chunk)
-      out.push_back({at, std::min(chunk, b - at), s.src + (at - s.offset), i});
+      out.push_back({at, std::min(chunk, b - at), s.src + (at - s.offset), i, file});
     pos = b;
   }
-  staged(pos, plan.total);
+  for (; file < plan.files.size(); ++file) {  // the rest of the last shard's file, and the files after
+    staged(pos, plan.files[file].start + plan.files[file].size);
+    if (file + 1 < plan.files.size()) pos = plan.files[file + 1].start;
+  }
   return out;
 }
 

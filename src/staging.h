@@ -1,5 +1,5 @@
 // Staging for save: the bounded pool of aligned chunk buffers, and the plan
-// that lays the state's shards out as one byte stream (one data file).
+// that lays the state's shards out as one byte stream, cut into data files.
 #pragma once
 
 #include <algorithm>
@@ -75,13 +75,20 @@ class Crew {
   std::vector<std::thread> threads_;
 };
 
-// One shard in the data file.
+// One shard in the plan's byte stream.
 struct PlannedShard {
   size_t leaf = 0;
   size_t shard = 0;
   const std::byte* src = nullptr;
-  uint64_t offset = 0;  // in the data file
+  uint64_t offset = 0;  // in the stream; in its data file: offset - files[file].start
   uint64_t length = 0;
+  size_t file = 0;      // index into SavePlan::files
+};
+
+// One data file: the stream's bytes [start, start + size).
+struct PlannedFile {
+  uint64_t start = 0;
+  uint64_t size = 0;
 };
 
 // Shards at increasing offsets from 0: first the leaves held whole (one shard
@@ -92,9 +99,18 @@ struct PlannedShard {
 // Back to back unless the plan was asked for phase alignment (then gaps of
 // unspecified bytes, which the writer fills with zeros, may lie between
 // them).
+//
+// The stream is cut into data files (at least one, possibly empty), each a
+// run of consecutive shards. With one file it is the file. With several
+// (Storage::data_object_bytes()), each file starts at a multiple of the
+// write unit in the stream, so that every file's write ranges line up with
+// the backend's granularity; the stream bytes between files belong to none
+// and are never written.
 struct SavePlan {
   std::vector<PlannedShard> shards;
-  uint64_t total = 0;
+  std::vector<PlannedFile> files;
+  uint64_t total = 0;  // end of the stream (of the last file)
+  uint64_t bytes() const;  // sum of the files' sizes: what the save writes
 };
 
 // Shards at least this long get phase alignment (below); smaller ones are
@@ -106,16 +122,21 @@ constexpr uint64_t kPhaseAlignMinBytes = 1ull << 20;
 // address modulo phase_align: then the aligned middle of the shard can be
 // written straight from the caller's memory (borrow mode's zero copy), at a
 // cost of < phase_align bytes of padding per large shard. 0: packed.
-SavePlan plan_save(const std::vector<LeafView>& leaves, uint64_t phase_align = 0);
+// With object_bytes > 0 a new data file starts, at the next multiple of
+// file_align in the stream, before any shard that would take a non-empty
+// file past object_bytes (a larger shard gets a file of its own). 0: one file.
+SavePlan plan_save(const std::vector<LeafView>& leaves, uint64_t phase_align = 0,
+                   uint64_t object_bytes = 0, uint64_t file_align = 1);
 
-// One write request of a save: a byte range of the data file, written either
+// One write request of a save: a byte range of one data file, written either
 // straight from the caller's memory (`direct`, one shard's bytes) or from a
 // staging buffer that the pieces of shards in it are copied into.
 struct WriteRange {
-  uint64_t offset = 0;
+  uint64_t offset = 0;  // in the stream; in the file: offset - files[file].start
   uint64_t length = 0;
   const std::byte* direct = nullptr;  // zero copy from here; nullptr: staged
   size_t shard = 0;                   // direct: index into SavePlan::shards
+  size_t file = 0;                    // index into SavePlan::files
 };
 
 // Direct runs shorter than this are staged: a separate request costs more
@@ -126,10 +147,11 @@ constexpr uint64_t kMinDirectRunBytes = 1ull << 20;
 // 1 when the granularity is 1): what chunk sizes and direct ranges are cut to.
 uint64_t write_unit(uint64_t granularity);
 
-// Cuts [0, plan.total) into write requests of at most `chunk` bytes (a
-// multiple of write_unit(granularity)), in file order. Every offset is a
-// multiple of the unit, and every length too except for the range that ends
-// the data file, which is what the storage seam asks of write_async(). With
+// Cuts each data file of the plan into write requests of at most `chunk`
+// bytes (a multiple of write_unit(granularity)), in stream order; no request
+// spans two files. Every offset in its file is a multiple of the unit, and
+// every length too except for the range that ends its file, which is what
+// the storage seam asks of write_async(). With
 // `zero_copy`, the unit-aligned middle of each shard of at least
 // kMinDirectRunBytes whose address agrees with its offset modulo
 // `memory_align` (Storage::write_memory_alignment(); any address when it is

@@ -135,8 +135,9 @@ struct TortureTarget {
   StorageOptions storage;
   int keep = 3;      // the children's max_to_keep (0: retention off)
   uint64_t chunk_size = 0;
-  // Odd steps are small, even steps big (on S3: above one part, so their
-  // data file is a multipart upload; odd ones are a single PutObject).
+  // Odd steps are small, even steps big (on S3: each of the two large leaves
+  // is above one part, so a data object of its own, a multipart upload; the
+  // small leaves, and odd steps, go into single PutObjects).
   uint64_t small_leaf = 0, big_leaf = 0;
   uint64_t leaf_bytes(int64_t step) const { return step % 2 == 0 ? big_leaf : small_leaf; }
   // An S3 server on loopback (its TCP port; 0: none). A SIGKILL closes the
@@ -647,7 +648,7 @@ TEST(S3MotoCrashTest, SigkillAtRandomMomentsNeverExposesPartialStep) {
   t.keep = env_int("CKPTIO_TORTURE_KEEP", 3);
   t.chunk_size = 5ull << 20;
   t.small_leaf = 64 << 10;                 // ~128 KiB: one PutObject
-  t.big_leaf = (5ull << 20) / 2 + (64 << 10);  // ~5.1 MiB: two parts
+  t.big_leaf = (5ull << 20) + (64 << 10);  // ~5.1 MiB per leaf: a data object of two parts
   t.server_port = std::atoi(srv.endpoint.substr(srv.endpoint.rfind(':') + 1).c_str());
   ASSERT_GT(t.server_port, 0) << srv.endpoint;
   run_kill_torture(t);

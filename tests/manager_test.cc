@@ -4,11 +4,13 @@
 // failures and corruption.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <map>
 #include <mutex>
 #include <random>
 #include <string>
@@ -662,6 +664,7 @@ class CoarseStorage final : public Storage {
     std::vector<std::string> violations;
     uint64_t writes = 0, direct_writes = 0;
     uint64_t final_size = 0;  // of the last object finished
+    std::vector<uint64_t> finished;  // final sizes of every object finished, in order
     std::vector<std::pair<const std::byte*, size_t>> caller;  // registered buffers
   };
   Log log;
@@ -670,6 +673,8 @@ class CoarseStorage final : public Storage {
   std::string describe() const override { return "coarse+" + base_->describe(); }
   uint64_t write_granularity() const override { return gran_; }
   uint64_t write_memory_alignment() const override { return mem_; }
+  uint64_t data_object_bytes() const override { return object_bytes; }
+  uint64_t object_bytes = 0;  // what data_object_bytes() reports
   uint64_t read_alignment() const override { return base_->read_alignment(); }
   Result<std::unique_ptr<WritableObject>> create(const std::string& key, uint64_t size_hint) override {
     auto w = base_->create(key, size_hint);
@@ -715,6 +720,7 @@ class CoarseStorage final : public Storage {
             owner_->log.violations.push_back("short range ending at " + std::to_string(end) +
                                              " before the end " + std::to_string(final_size));
         owner_->log.final_size = final_size;
+        owner_->log.finished.push_back(final_size);
       }
       return base_->finish(final_size);
     }
@@ -829,6 +835,69 @@ TEST(ManagerGranularityTest, ObjectStoresGetPackedShardsAndZeroCopyFromAnyAddres
       } else {
         EXPECT_GT(storage->log.final_size, state.total) << "O_DIRECT-like storage: shards phase-aligned";
       }
+    }
+    auto r = m->restore(1);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    expect_restored(*r, state.want);
+    EXPECT_TRUE(m->verify(1).ok());
+  }
+}
+
+TEST(ManagerGranularityTest, ObjectStoresBoundEachDataObjectToOnePart) {
+  // Storage::data_object_bytes() = one part: the save cuts its data into
+  // objects of at most a part at shard boundaries (a larger shard alone),
+  // each written in one request, and the index and restore follow.
+  constexpr uint64_t kGran = 5ull << 20;
+  PlacedLeaves state;
+  for (int i = 0; i < 24; ++i)  // 24 x ~0.6 MiB: several objects of small leaves
+    state.add("small." + std::to_string(i), DType::kFloat32, {150'000 + i}, 10 + i, 8 * i);
+  state.add("big", DType::kUInt8, {(int64_t)kGran * 2 + 4000}, 3, 1000);  // 3 parts: its own object
+  state.add("scalar", DType::kFloat64, {}, 4);
+  state.add("mid", DType::kInt16, {(int64_t)kGran / 2}, 5);  // exactly one part
+
+  for (StagingMode mode : {StagingMode::kCopy, StagingMode::kBorrow}) {
+    SCOPED_TRACE(mode == StagingMode::kCopy ? "copy" : "borrow");
+    auto base = make_memory_storage(false);
+    auto storage = std::make_shared<CoarseStorage>(base, kGran, 1);
+    storage->object_bytes = kGran;
+    ManagerOptions o;
+    o.staging = mode;
+    auto m = std::make_unique<CheckpointManager>(storage, o);
+    auto h = m->save(1, state.leaves);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+    EXPECT_EQ(h->stats().bytes, state.total) << "object stores are packed: no padding anywhere";
+
+    auto text = base->get("run-1/ckptio_index.json", 1 << 20);
+    ASSERT_TRUE(text.ok()) << text.status().to_string();
+    auto index = parse_index(*text);
+    ASSERT_TRUE(index.ok()) << index.status().to_string();
+    std::map<std::string, uint64_t> file_size;
+    std::map<std::string, std::vector<const ShardRecord*>> in_file;
+    for (const DataFileRecord& f : index->files) file_size[f.name] = f.size;
+    for (const PrefixRecord& p : index->prefixes)
+      for (const LeafRecord& l : p.leaves)
+        for (const ShardRecord& sh : l.shards) in_file[sh.file].push_back(&sh);
+    // 14.4 MiB of small leaves need at least 3 objects, plus one for "big".
+    EXPECT_GE(index->files.size(), 5u);
+    uint64_t sum = 0;
+    for (const auto& [name, size] : file_size) {
+      SCOPED_TRACE(name);
+      sum += size;
+      const auto& shards = in_file[name];
+      if (size > kGran) {
+        ASSERT_EQ(shards.size(), 1u) << "an object above one part holds anything but one large shard";
+        EXPECT_EQ(shards[0]->length, kGran * 2 + 4000);
+      }
+      uint64_t used = 0;
+      for (const ShardRecord* sh : shards) used += sh->length;
+      EXPECT_EQ(used, size) << "a data object holds bytes no shard refers to";
+    }
+    EXPECT_EQ(sum, state.total);
+    {
+      std::lock_guard lock(storage->log.mu);
+      EXPECT_TRUE(storage->log.violations.empty()) << storage->log.violations.front();
+      EXPECT_EQ(storage->log.finished.size(), index->files.size());
     }
     auto r = m->restore(1);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
@@ -968,6 +1037,79 @@ TEST(WriteRangesTest, CoverTheFileInOrderOnUnitBoundaries) {
       if (zero_copy && gran == 3 * MiB) EXPECT_EQ(direct, 3 * MiB);
     }
   }
+}
+
+TEST(WriteRangesTest, BoundedDataFilesAreCutAtShardBoundariesOnUnitBoundaries) {
+  alignas(4096) static std::byte arena[64];
+  auto leaf = [&](std::string path, uint64_t bytes) {
+    return LeafView::full("m", std::move(path), DType::kUInt8, {(int64_t)bytes}, arena);
+  };
+  const uint64_t MiB = 1 << 20;
+  const uint64_t bound = 3 * MiB;
+  std::vector<LeafView> leaves;
+  const uint64_t sizes[] = {MiB, MiB, MiB, 1, 0, 2 * MiB, 7 * MiB + 3, 3 * MiB, 10, 2 * MiB + 1, MiB - 1};
+  for (size_t i = 0; i < std::size(sizes); ++i) leaves.push_back(leaf("l" + std::to_string(i), sizes[i]));
+  for (uint64_t gran : {uint64_t{1}, 3 * MiB}) {
+    for (bool zero_copy : {false, true}) {
+      SCOPED_TRACE("granularity " + std::to_string(gran) + (zero_copy ? " zero copy" : " staged"));
+      const uint64_t unit = write_unit(gran);
+      const SavePlan plan = plan_save(leaves, 0, bound, unit);
+      // Files as a greedy fill would cut them: 1+1+1 | 1 B, 0, 2 | 7 | 3 | 10 B, 2+1 B | 1-1 B.
+      ASSERT_EQ(plan.files.size(), 6u);
+      const std::vector<size_t> first_file = {0, 0, 0, 1, 1, 1, 2, 3, 4, 4, 5};
+      uint64_t sum = 0, stream_end = 0;
+      for (size_t i = 0; i < plan.shards.size(); ++i) {
+        const PlannedShard& p = plan.shards[i];
+        EXPECT_EQ(p.file, first_file[i]) << "shard " << i;
+        const PlannedFile& f = plan.files[p.file];
+        EXPECT_GE(p.offset, f.start);
+        EXPECT_LE(p.offset + p.length, f.start + f.size);
+        if (i > 0 && plan.shards[i - 1].file == p.file)  // packed within a file
+          EXPECT_EQ(p.offset, plan.shards[i - 1].offset + plan.shards[i - 1].length);
+        else
+          EXPECT_EQ(p.offset, f.start);
+      }
+      for (const PlannedFile& f : plan.files) {
+        EXPECT_EQ(f.start % unit, 0u);
+        EXPECT_GE(f.start, stream_end) << "files overlap";
+        stream_end = f.start + f.size;
+        sum += f.size;
+      }
+      EXPECT_EQ(plan.total, stream_end);
+      EXPECT_EQ(plan.bytes(), sum);
+      uint64_t leaf_bytes = 0;
+      for (uint64_t n : sizes) leaf_bytes += n;
+      EXPECT_EQ(sum, leaf_bytes);
+
+      const auto ranges = plan_write_ranges(plan, MiB, gran, zero_copy, 1);
+      std::vector<uint64_t> covered(plan.files.size(), 0);
+      size_t prev_file = 0;
+      for (const WriteRange& r : ranges) {
+        ASSERT_LT(r.file, plan.files.size());
+        EXPECT_GE(r.file, prev_file) << "ranges not in stream order";
+        prev_file = r.file;
+        const PlannedFile& f = plan.files[r.file];
+        EXPECT_EQ(r.offset, f.start + covered[r.file]) << "ranges of a file out of order or with holes";
+        EXPECT_LE(r.offset + r.length, f.start + f.size) << "a range spans two files";
+        EXPECT_EQ((r.offset - f.start) % unit, 0u);
+        if (r.offset + r.length != f.start + f.size) EXPECT_EQ(r.length % unit, 0u);
+        covered[r.file] += r.length;
+      }
+      for (size_t f = 0; f < plan.files.size(); ++f) EXPECT_EQ(covered[f], plan.files[f].size) << "file " << f;
+      // An object store's granularity: every file of at most a part is one
+      // request (what makes it a single PutObject).
+      if (gran == 3 * MiB)
+        for (size_t f = 0; f < plan.files.size(); ++f)
+          if (plan.files[f].size <= gran)
+            EXPECT_EQ(std::count_if(ranges.begin(), ranges.end(), [&](const WriteRange& r) { return r.file == f; }),
+                      1) << "file " << f;
+    }
+  }
+  // No bound: one file, the stream itself.
+  const SavePlan one = plan_save(leaves);
+  ASSERT_EQ(one.files.size(), 1u);
+  EXPECT_EQ(one.files[0].start, 0u);
+  EXPECT_EQ(one.files[0].size, one.total);
 }
 
 }  // namespace

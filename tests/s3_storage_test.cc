@@ -109,6 +109,46 @@ TEST_P(S3Test, MultipartUploadRoundTripsAndRangesRead) {
   EXPECT_EQ(c, data);
 }
 
+// create_new() (a save's data objects, whose names are the attempt's own):
+// an object of one part is PUT as soon as its one range arrives, straight
+// from the caller's buffer, and abort() deletes it again. Data objects are
+// bounded to one part (data_object_bytes) so that a save's go up in parallel.
+TEST_P(S3Test, CreateNewPutsAOnePartObjectAtOnceAndAbortDeletesIt) {
+  EXPECT_EQ(store_->data_object_bytes(), kPart);
+  const uint64_t n = kPart - 100;
+  auto data = random_bytes(n, 8);
+  for (bool finish : {true, false}) {
+    SCOPED_TRACE(finish ? "finish" : "abort");
+    const std::string key = std::string("run-4/data-n-") + (finish ? "0" : "1") + ".bin";
+    auto w = store_->create_new(key, n);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    std::promise<Status> landed;
+    (*w)->write_async(0, std::span<const std::byte>(data.data(), n), [&](Status st) { landed.set_value(st); });
+    Status st = landed.get_future().get();
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    auto size = store_->stat(key);  // stored before finish(): the PUT went with the range
+    ASSERT_TRUE(size.ok()) << size.status().to_string();
+    EXPECT_EQ(*size, n);
+    if (finish) {
+      ASSERT_TRUE((*w)->finish(n).ok());
+      auto back = store_->get(key, n);
+      ASSERT_TRUE(back.ok()) << back.status().to_string();
+      EXPECT_EQ(std::memcmp(back->data(), data.data(), n), 0);
+    } else {
+      (*w)->abort();
+      EXPECT_EQ(store_->stat(key).status().code(), Code::kNotFound) << "abort() left the object";
+    }
+  }
+  // Finishing at another size than announced is refused, and deletes it.
+  auto w = store_->create_new("run-4/data-n-2.bin", n);
+  ASSERT_TRUE(w.ok());
+  std::promise<Status> landed;
+  (*w)->write_async(0, std::span<const std::byte>(data.data(), n), [&](Status st) { landed.set_value(st); });
+  ASSERT_TRUE(landed.get_future().get().ok());
+  EXPECT_FALSE((*w)->finish(n - 1).ok());
+  EXPECT_EQ(store_->stat("run-4/data-n-2.bin").status().code(), Code::kNotFound);
+}
+
 TEST_P(S3Test, ReadPastTheEndIsDataLossBeforeAnyGet) {
   std::string body = "0123456789";
   ASSERT_TRUE(store_->put("obj", std::as_bytes(std::span(body))).ok());
@@ -186,6 +226,13 @@ TEST_P(S3Test, ManagerSavesCommitsAndRestores) {
   ASSERT_TRUE(m.save(2, s2).ok());
   ASSERT_TRUE(m.wait_until_finished().ok());
   EXPECT_EQ(callbacks.load(), 2);
+  // Step 1's large leaf (above one part) is a data object of its own, the
+  // scalar another one: data objects hold at most a part unless one shard is larger.
+  auto objects = store_->list("run-1/", false);
+  ASSERT_TRUE(objects.ok()) << objects.status().to_string();
+  int data_objects = 0;
+  for (const auto& o : objects->objects) data_objects += o.key.find("/data-") != std::string::npos;
+  EXPECT_EQ(data_objects, 2);
 
   auto steps = m.all_steps();
   ASSERT_TRUE(steps.ok()) << steps.status().to_string();

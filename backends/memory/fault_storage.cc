@@ -103,6 +103,7 @@ class FaultStorageImpl final : public FaultStorage,
   uint64_t read_alignment() const override { return base_->read_alignment(); }
   uint64_t write_granularity() const override { return base_->write_granularity(); }
   uint64_t write_memory_alignment() const override { return base_->write_memory_alignment(); }
+  uint64_t data_object_bytes() const override { return base_->data_object_bytes(); }
   Result<std::vector<ListEntry>> list_unfinished(const std::string& prefix) override {
     return base_->list_unfinished(prefix);
   }

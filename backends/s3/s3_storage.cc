@@ -73,10 +73,11 @@ class S3StorageImpl;
 // One object being written: a multipart upload, or a single PutObject.
 class S3Writer : public WritableObject {
  public:
+  // `early`: create_new(), the key holds nothing to replace (see put_whole).
   S3Writer(S3Client& client, std::string key, uint64_t part_size, uint64_t size_hint,
-           std::string upload_id)
+           std::string upload_id, bool early)
       : c_(client), key_(std::move(key)), part_(part_size), hint_(size_hint),
-        upload_id_(std::move(upload_id)) {}
+        upload_id_(std::move(upload_id)), early_(early) {}
 
   ~S3Writer() override {
     if (!closed_) abort();
@@ -155,6 +156,12 @@ class S3Writer : public WritableObject {
       return st;
     }
     if (upload_id_.empty()) {
+      if (single_sent_) {
+        if (final_size == hint_) return Status::OK();  // stored by write_async
+        remove_single();
+        return internal_error(c_.describe(key_) + ": object of " + std::to_string(hint_) +
+                              " bytes was written whole, then finished at " + std::to_string(final_size));
+      }
       if (final_size == 0) return put_empty();
       if (!single_done_ || final_size > single_.size())
         return internal_error(c_.describe(key_) + ": object of " + std::to_string(final_size) +
@@ -209,15 +216,44 @@ class S3Writer : public WritableObject {
     (void)wait_outstanding();
     closed_ = true;
     abort_upload();
+    remove_single();
   }
 
  private:
-  // An object of at most one part is published by finish(), never before
-  // (create() replaces nothing until then): its one range is copied here,
-  // so its buffer is released at once, and PUT by finish().
+  // An object of at most one part created by create_new() whose one range
+  // is exactly its size hint is PUT at once (below). Otherwise it is published by
+  // finish(), never before: its one range is copied here, so its buffer is
+  // released at once, and PUT by finish().
   void put_whole(uint64_t offset, std::span<const std::byte> data, IoDone done) {
     if (offset != 0 || data.size() > part_) {
       done(invalid_argument(c_.describe(key_) + ": a single-part object must be written in one range"));
+      return;
+    }
+    if (early_ && hint_ > 0 && data.size() == hint_) {
+      // A new key (create_new) and the whole announced object in one range
+      // (a save's bounded data objects): PUT it now, from the caller's
+      // buffer, in parallel with the other objects. finish() then only
+      // waits; abort() deletes it again.
+      {
+        std::lock_guard lock(mu_);
+        ++outstanding_;
+        single_sent_ = true;
+      }
+      S3Op op;
+      op.method = "PUT";
+      op.key = key_;
+      op.body = data;
+      op.sign_payload = c_.config().sign_payloads;
+      c_.execute(std::move(op), [this, done = std::move(done)](Status st, HttpResponse) {
+        {
+          std::lock_guard lock(mu_);
+          if (st.ok()) single_stored_ = true;
+          else if (first_.ok()) first_ = st;
+        }
+        done(st);
+        std::lock_guard lock(mu_);
+        if (--outstanding_ == 0) cv_.notify_all();
+      });
       return;
     }
     {
@@ -241,6 +277,19 @@ class S3Writer : public WritableObject {
     return first_;
   }
 
+  // An aborted object that write_async() already stored is deleted again.
+  void remove_single() {
+    if (!single_stored_) return;
+    single_stored_ = false;
+    S3Op op;
+    op.method = "DELETE";
+    op.key = key_;
+    Status st = c_.execute_sync(std::move(op)).first;
+    if (!st.ok() && st.code() != Code::kNotFound)
+      spdlog::warn("ckptio: delete of aborted object {} failed ({}); gc removes it later",
+                   c_.describe(key_), st.to_string());
+  }
+
   void abort_upload() {
     if (upload_id_.empty() || aborted_) return;
     aborted_ = true;
@@ -259,6 +308,7 @@ class S3Writer : public WritableObject {
   const uint64_t part_;
   const uint64_t hint_;
   const std::string upload_id_;  // empty: single PutObject
+  const bool early_;
   bool closed_ = false;          // owner thread only
   bool aborted_ = false;
 
@@ -269,6 +319,8 @@ class S3Writer : public WritableObject {
   std::map<uint64_t, std::pair<std::string, uint64_t>> parts_;  // number -> etag, size
   bool single_done_ = false;
   std::vector<std::byte> single_;  // the one range of a single-part object
+  bool single_sent_ = false;       // that range was PUT by write_async()
+  bool single_stored_ = false;     // and the PUT succeeded
 };
 
 class S3StorageImpl : public S3Storage {
@@ -284,6 +336,8 @@ class S3StorageImpl : public S3Storage {
   // Part bodies are sent from any address (libcurl reads them): borrow-mode
   // saves pack shards, so a restore's adjacent ranges stay one GET.
   uint64_t write_memory_alignment() const override { return 1; }
+  // One part: every data object that holds no larger shard is one PutObject.
+  uint64_t data_object_bytes() const override { return client_.config().part_size; }
 
   S3StorageStats s3_stats() const override {
     auto s = client_.stats();
@@ -291,6 +345,13 @@ class S3StorageImpl : public S3Storage {
   }
 
   Result<std::unique_ptr<WritableObject>> create(const std::string& key, uint64_t size_hint) override {
+    return start_object(key, size_hint, false);
+  }
+  Result<std::unique_ptr<WritableObject>> create_new(const std::string& key, uint64_t size_hint) override {
+    return start_object(key, size_hint, true);
+  }
+
+  Result<std::unique_ptr<WritableObject>> start_object(const std::string& key, uint64_t size_hint, bool early) {
     CKPTIO_RETURN_IF_ERROR(check_storage_key(key));
     const uint64_t part = client_.config().part_size;
     if (part < kMinPart)
@@ -312,7 +373,7 @@ class S3StorageImpl : public S3Storage {
       upload_id = std::move(id).value();
     }
     return std::unique_ptr<WritableObject>(
-        std::make_unique<S3Writer>(client_, full(key), part, size_hint, std::move(upload_id)));
+        std::make_unique<S3Writer>(client_, full(key), part, size_hint, std::move(upload_id), early));
   }
 
   Status put(const std::string& key, std::span<const std::byte> data) override {

@@ -10,9 +10,14 @@
 // one UploadPart per part_size slice, sent in parallel and retried on its own;
 // finish() completes the upload (an <Error> inside its 200 response is an
 // error), and any failure aborts it so no parts are left behind. An object of
-// at most one part is written with a single PutObject when its one range
-// arrives (the range must then cover [0, size_hint)). put() is one PutObject
-// with a signed payload: S3 PUTs are atomic and read-after-write consistent.
+// at most one part is written with a single PutObject (its one range must
+// cover [0, final size)): for create_new() (a save's data objects, at most
+// data_object_bytes() = one part each) sent from the caller's buffer as soon
+// as a range of exactly the size hint arrives, so they go up in parallel
+// (abort() deletes the object again); otherwise copied and sent by finish(),
+// so create() replaces nothing until then. put() is
+// one PutObject with a signed payload: S3 PUTs are atomic and
+// read-after-write consistent.
 //
 // Reads: read() first HEADs each distinct key (size and ETag), rejects ranges
 // past the end as kDataLoss before any GET, then issues ranged GETs of at

@@ -108,6 +108,17 @@ class Storage {
   virtual Result<std::unique_ptr<WritableObject>> create(const std::string& key,
                                                           uint64_t size_hint) = 0;
 
+  // As create(), for a key the caller promises holds no object (a name
+  // unique to one save attempt): there is nothing to replace, so the backend
+  // may make the object visible before finish(), and abort() removes it
+  // again. Only what is committed by an index is ever read, so a save's
+  // data files are created this way: S3 then PUTs an object of one part as
+  // soon as its one range arrives, in parallel with the others, instead of
+  // copying it and PUTting it in finish(). The default is create().
+  virtual Result<std::unique_ptr<WritableObject>> create_new(const std::string& key, uint64_t size_hint) {
+    return create(key, size_hint);
+  }
+
   // Writes a small whole object atomically and durably (the index): readers
   // see the old object or the new one, never a mix.
   virtual Status put(const std::string& key, std::span<const std::byte> data) = 0;
@@ -134,6 +145,15 @@ class Storage {
   // at all. The default is the safe one (4096 whenever writes are coarse);
   // backends that take any address say so, and wrappers forward it.
   virtual uint64_t write_memory_alignment() const { return write_granularity() > 1 ? 4096 : 1; }
+
+  // The size a save aims to keep each data file within, 0 for no bound (one
+  // data file per process and step). A save cuts its data into files at shard
+  // boundaries so that each holds at most this many bytes, unless one shard
+  // alone is larger (it then gets a file of its own). Object stores set it to
+  // one part: each data object is then a single PutObject (no multipart
+  // upload to create and complete, which some servers pay for by copying
+  // every byte again), and a restore reads whole objects. Wrappers forward it.
+  virtual uint64_t data_object_bytes() const { return 0; }
 
   // The alignment at which destination addresses and offsets should agree
   // (modulo this value) for zero-copy reads; 1 when it does not matter.

@@ -19,11 +19,14 @@
 // one PutObject with a signed payload: S3 PUTs are atomic and
 // read-after-write consistent.
 //
-// Reads: read() first HEADs each distinct key (size and ETag), rejects ranges
-// past the end as kDataLoss before any GET, then issues ranged GETs of at
-// most part_size bytes in parallel, each with If-Match on that ETag so a read
-// never mixes two versions of an object, written straight into the caller's
-// buffer at the right offset.
+// Reads: read() issues ranged GETs of at most part_size bytes in parallel,
+// written straight into the caller's buffer at the right offset. An object
+// read by several GETs is HEADed first (size and ETag): ranges past its end
+// are kDataLoss before any GET, and each GET carries If-Match on that ETag so
+// a read never mixes two versions of an object. An object read by one GET (a
+// save's data objects are one part each) is not HEADed: one GET sees one
+// version, and a range past its end (416, or a body cut short at the size
+// its Content-Range gives) is kDataLoss too.
 //
 // Errors name the operation, the s3:// key, the HTTP status and the S3 error
 // code and message; credentials never appear. Thread safety as Storage.

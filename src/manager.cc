@@ -433,30 +433,27 @@ Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& 
   const auto t0 = Clock::now();
   const std::vector<PlannedFile>& files = job.plan.files;
   auto key_of = [&](size_t f) { return job.paths.stage_dir + "/" + job.data_files[f]; };
-  std::vector<std::unique_ptr<WritableObject>> writers;
-  auto fail_early = [&](Status st) {
-    job.failed = true;
-    drain_ready(job);
-    if (!job.copy_mode) job.handle->set_released();
-    for (auto& w : writers) w->abort();
-    return st;
-  };
-  for (size_t f = 0; f < files.size(); ++f) {
+  // Each data file is created when its first range comes up, so that on an
+  // object store the round trip that starts a multipart upload overlaps the
+  // writes of the files before it.
+  std::vector<std::unique_ptr<WritableObject>> writers(files.size());
+  auto open_file = [&](size_t f) -> Status {
+    if (writers[f]) return Status::OK();
     auto created = storage.create_new(key_of(f), files[f].size);  // the attempt's own name
-    if (!created.ok()) return fail_early(created.status());
-    writers.push_back(std::move(created).value());
-    const WritableObject& w = *writers.back();
-    const uint64_t align = std::max<uint64_t>(w.alignment(), 1);
-    const uint64_t gran = std::max<uint64_t>(w.granularity(), 1);
+    if (!created.ok()) return created.status();
+    writers[f] = std::move(created).value();
+    const uint64_t align = std::max<uint64_t>(writers[f]->alignment(), 1);
+    const uint64_t gran = std::max<uint64_t>(writers[f]->granularity(), 1);
     if (job.unit % gran != 0 || job.chunk % align != 0) {
       // The ranges were cut for Storage::write_granularity(); a writer that
       // disagrees with it would get misaligned parts: fail loudly instead.
-      return fail_early(internal_error(
-          "write ranges were cut for a granularity of " + std::to_string(job.unit) + " bytes, but " +
-          storage.describe() + "/" + key_of(f) + " asks for " + std::to_string(gran) + " (alignment " +
-          std::to_string(align) + "): Storage::write_granularity() and the writer disagree"));
+      return internal_error("write ranges were cut for a granularity of " + std::to_string(job.unit) +
+                            " bytes, but " + storage.describe() + "/" + key_of(f) + " asks for " +
+                            std::to_string(gran) + " (alignment " + std::to_string(align) +
+                            "): Storage::write_granularity() and the writer disagree");
     }
-  }
+    return Status::OK();
+  };
 
   struct Pending {
     std::mutex mu;
@@ -478,12 +475,22 @@ Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& 
     std::lock_guard lock(pending.mu);
     return !pending.first.ok();
   };
+  auto fail = [&](Status st) {
+    std::lock_guard lock(pending.mu);
+    if (pending.first.ok()) pending.first = std::move(st);
+  };
 
   StreamCursor cursor(job.plan);
   crcs.assign(job.plan.shards.size(), 0);
   for (const WriteRange& r : job.ranges) {
+    if (!job.failed) {
+      Status st = open_file(r.file);
+      if (!st.ok()) fail(st.annotate("create " + storage.describe() + "/" + key_of(r.file)));
+    }
     if (write_failed()) job.failed = true;
-    const uint64_t align = std::max<uint64_t>(writers[r.file]->alignment(), 1);
+    if (job.failed && !job.copy_mode) break;
+    // (Copy mode goes on consuming the copiers' chunks, below, so that none blocks.)
+    const uint64_t align = writers[r.file] ? std::max<uint64_t>(writers[r.file]->alignment(), 1) : 1;
     const bool ends_file = r.offset + r.length == files[r.file].start + files[r.file].size;
     if (r.direct && !(ends_file && r.length % align != 0)) {
       if (job.failed) break;
@@ -524,9 +531,12 @@ Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& 
   if (!job.copy_mode) job.handle->set_released();
   Status st = pending.first;
   if (st.ok() && job.failed) st = internal_error("save stopped early");
+  for (size_t f = 0; st.ok() && f < files.size(); ++f)  // files without ranges: empty ones
+    st = open_file(f).annotate("create " + storage.describe() + "/" + key_of(f));
   if (!st.ok()) {
-    for (auto& w : writers) w->abort();
-    return st.annotate("write " + storage.describe() + "/" + job.paths.stage_dir + "/data-*");
+    for (auto& w : writers)
+      if (w) w->abort();
+    return st.annotate("write data");
   }
   for (size_t f = 0; f < files.size(); ++f) {
     st = writers[f]->finish(files[f].size).annotate("make durable " + storage.describe() + "/" + key_of(f));

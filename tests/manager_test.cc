@@ -675,8 +675,11 @@ class CoarseStorage final : public Storage {
   uint64_t write_memory_alignment() const override { return mem_; }
   uint64_t data_object_bytes() const override { return object_bytes; }
   uint64_t object_bytes = 0;  // what data_object_bytes() reports
+  int fail_create_at = 0;     // > 0: that create() (counting from 1) fails
+  std::atomic<int> creates{0};
   uint64_t read_alignment() const override { return base_->read_alignment(); }
   Result<std::unique_ptr<WritableObject>> create(const std::string& key, uint64_t size_hint) override {
+    if (fail_create_at > 0 && ++creates == fail_create_at) return Status(Code::kIOError, "injected: create " + key);
     auto w = base_->create(key, size_hint);
     if (!w.ok()) return w.status();
     return std::unique_ptr<WritableObject>(new Writer(this, std::move(w).value()));
@@ -903,6 +906,46 @@ TEST(ManagerGranularityTest, ObjectStoresBoundEachDataObjectToOnePart) {
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     expect_restored(*r, state.want);
     EXPECT_TRUE(m->verify(1).ok());
+  }
+}
+
+TEST(ManagerGranularityTest, AFailedCreateOfALaterDataObjectFailsTheSaveAndLeavesNothing) {
+  // Data objects are created as their first range comes up: a failure there
+  // (the third object here) must fail the save, stop the copiers without
+  // blocking the caller, abort the objects already started, and leave the
+  // previous step as the latest.
+  constexpr uint64_t kGran = 5ull << 20;
+  PlacedLeaves state;
+  for (int i = 0; i < 12; ++i) state.add("l." + std::to_string(i), DType::kUInt8, {(int64_t)(3 << 20)}, 20 + i);
+  for (StagingMode mode : {StagingMode::kCopy, StagingMode::kBorrow}) {
+    SCOPED_TRACE(mode == StagingMode::kCopy ? "copy" : "borrow");
+    auto base = make_memory_storage(false);
+    auto storage = std::make_shared<CoarseStorage>(base, kGran, 1);
+    storage->object_bytes = kGran;  // 3 MiB leaves: one per object
+    ManagerOptions o;
+    o.staging = mode;
+    o.staging_budget = 2 * kGran;  // a small pool: the copiers must not be left waiting
+    auto m = std::make_unique<CheckpointManager>(storage, o);
+    auto h1 = m->save(1, state.leaves);
+    ASSERT_TRUE(h1.ok() && h1->wait().ok());
+    const int before = storage->creates.load();
+    storage->fail_create_at = before + 3;
+    auto h2 = m->save(2, state.leaves);
+    ASSERT_TRUE(h2.ok()) << h2.status().to_string();
+    Status st = h2->wait();
+    EXPECT_EQ(st.code(), Code::kIOError) << st.to_string();
+    EXPECT_NE(st.message().find("injected"), std::string::npos) << st.to_string();
+    EXPECT_GE(storage->creates.load(), before + 3);
+    auto steps = m->all_steps();
+    ASSERT_TRUE(steps.ok());
+    EXPECT_EQ(*steps, std::vector<int64_t>{1});
+    auto left = base->list("run-2/", false);
+    ASSERT_TRUE(left.ok());
+    EXPECT_TRUE(left->objects.empty()) << left->objects.size() << " objects left, e.g. " << left->objects[0].key;
+    auto r = m->restore(std::nullopt);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->step, 1);
+    expect_restored(*r, state.want);
   }
 }
 

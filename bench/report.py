@@ -375,7 +375,8 @@ METHOD = """## How this is measured
 - **numpy.save per leaf** with `flush` + `fsync` per file and an fsync per directory; `numpy.load`
   per leaf. Compared afterwards (untimed).
 - **S3** (`tests/s3/s3-server` starts moto_server and s3rver on loopback): ckptio (`ckptio bench
-  s3://...`, borrow; restore into warm buffers); boto3 `upload_fileobj` / `download_fileobj` of the
+  s3://...`, borrow; data objects of one 16 MiB part each, one PutObject and one GET apiece;
+  restore into warm buffers); boto3 `upload_fileobj` / `download_fileobj` of the
   whole state as one object (boto3's best case: all parts in parallel; `TransferConfig(multipart_chunksize
   =16 MiB, max_concurrency=10)`), downloading into a preallocated buffer; 8 parallel `curl` PUTs
   then GETs of 1/8 of the bytes each, from tmpfs to /dev/null: what the server takes at best.

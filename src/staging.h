@@ -124,7 +124,8 @@ constexpr uint64_t kPhaseAlignMinBytes = 1ull << 20;
 // cost of < phase_align bytes of padding per large shard. 0: packed.
 // With object_bytes > 0 a new data file starts, at the next multiple of
 // file_align in the stream, before any shard that would take a non-empty
-// file past object_bytes (a larger shard gets a file of its own). 0: one file.
+// file past object_bytes (a larger shard gets a file of its own; phase
+// padding, when asked for too, may add < phase_align). 0: one file.
 SavePlan plan_save(const std::vector<LeafView>& leaves, uint64_t phase_align = 0,
                    uint64_t object_bytes = 0, uint64_t file_align = 1);
 

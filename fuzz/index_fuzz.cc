@@ -10,7 +10,11 @@
 //     once (checked here by brute force on small leaves, independently of the
 //     parser's pairwise / sort / sweep / grid algorithms);
 //   - an accepted index round-trips: serialize -> parse succeeds, gives an
-//     equal Index, and serializing that gives the same text.
+//     equal Index, and serializing that gives the same text;
+//   - the two readers behind parse_index agree: whenever the fast reader
+//     takes a text, the strict reader accepts it too and gives an equal
+//     Index; and the fast reader takes every text serialize_index writes
+//     (from plain names: printable ASCII without '"' or '\\').
 // Any violation calls abort(), so libFuzzer records the input as a crash.
 #include <cstdint>
 #include <cstdio>
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "ckptio/index.h"
+#include "src/index_readers.h"
 
 namespace {
 
@@ -88,6 +93,29 @@ void check_invariants(const ckptio::Index& index) {
   }
 }
 
+// Names the fast reader takes as they are written (it leaves escapes and
+// non-ASCII text to the strict reader).
+bool plain(const std::string& s) {
+  for (char c : s)
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x80 || c == '"' || c == '\\')
+      return false;
+  return true;
+}
+
+bool plain_names(const ckptio::Index& index) {
+  for (const auto& f : index.files)
+    if (!plain(f.name)) return false;
+  for (const auto& p : index.prefixes) {
+    if (!plain(p.name)) return false;
+    for (const auto& leaf : p.leaves) {
+      if (!plain(leaf.path)) return false;
+      for (const auto& s : leaf.shards)
+        if (!plain(s.file)) return false;
+    }
+  }
+  return index.prefixes.size() <= 64;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -96,6 +124,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
 
   auto first = ckptio::parse_index(text, limits);
+  auto strict = ckptio::index_readers::read_index_strict(text, limits);
+  if (first.ok() != strict.ok() || (first.ok() && !(*first == *strict)) ||
+      (!first.ok() && first.status().to_string() != strict.status().to_string()))
+    fail("parse_index and the strict reader differ", std::string(text));
+  ckptio::Index fast;
+  if (ckptio::index_readers::read_index_fast(text, limits, &fast) && !(strict.ok() && fast == *strict))
+    fail("the fast reader took a text the strict reader reads otherwise",
+         (strict.ok() ? std::string("different index") : strict.status().to_string()) + "\n" + std::string(text));
   if (!first.ok()) {
     const ckptio::Status& st = first.status();
     if (st.code() != ckptio::Code::kDataLoss) fail("rejection is not kDataLoss", st.to_string());
@@ -112,6 +148,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto second = ckptio::parse_index(once);
   if (!second.ok()) fail("serialized index does not parse", second.status().to_string() + "\n" + once);
   if (!(*second == *first)) fail("parse(serialize(x)) != x", once);
+  if (plain_names(*first) && !ckptio::index_readers::read_index_fast(once, {}, &fast))
+    fail("the fast reader refused a serialized index", once);
   const std::string twice = ckptio::serialize_index(*second);
   if (twice != once) fail("serialization is not stable", once + "\n---\n" + twice);
   return 0;

@@ -574,12 +574,16 @@ Index CheckpointManager::Impl::build_index(const SaveJob& job, const std::vector
   // of a multi-process save that writes none of it; a zero-size leaf).
   std::map<std::string, size_t> prefix_at;
   std::vector<std::pair<size_t, size_t>> where(job.leaves.size());  // (prefix, leaf) positions
+  size_t p = 0;  // the prefix of the leaf before: leaves come in runs of one prefix
   for (size_t i = 0; i < job.leaves.size(); ++i) {
     const LeafView& leaf = job.leaves[i];
-    auto [it, fresh] = prefix_at.emplace(leaf.prefix, index.prefixes.size());
-    if (fresh) index.prefixes.push_back(PrefixRecord{leaf.prefix, {}});
-    auto& leaves = index.prefixes[it->second].leaves;
-    where[i] = {it->second, leaves.size()};
+    if (index.prefixes.empty() || index.prefixes[p].name != leaf.prefix) {
+      auto [it, fresh] = prefix_at.emplace(leaf.prefix, index.prefixes.size());
+      if (fresh) index.prefixes.push_back(PrefixRecord{leaf.prefix, {}});
+      p = it->second;
+    }
+    auto& leaves = index.prefixes[p].leaves;
+    where[i] = {p, leaves.size()};
     leaves.push_back(LeafRecord{leaf.path, leaf.dtype, leaf.shape, {}});
   }
   for (const PlannedShard& ps : job.plan.shards) {

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
-#include <set>
+#include <string_view>
 #include <string>
 #include <utility>
 
@@ -231,42 +231,43 @@ bool boxes_intersect(const Box& a, const Box& b) {
 }
 
 Status validate_leaf(const LeafView& leaf, bool partial) {
-  const std::string name = leaf.prefix + "/" + leaf.path;
+  // For messages only: built when one is (a state may hold millions of leaves).
+  auto name = [&] { return leaf.prefix + "/" + leaf.path; };
   if (leaf.prefix.empty() || leaf.path.empty())
-    return invalid_argument("leaf '" + name + "': prefix and path must be non-empty");
+    return invalid_argument("leaf '" + name() + "': prefix and path must be non-empty");
   if (leaf.prefix.find_first_of(std::string("/\\\0", 3)) != std::string::npos ||
       leaf.path.find('\0') != std::string::npos)
-    return invalid_argument("leaf '" + name + "': prefix has '/', '\\' or NUL");
+    return invalid_argument("leaf '" + name() + "': prefix has '/', '\\' or NUL");
   if (static_cast<int>(leaf.dtype) >= kNumDTypes)
-    return invalid_argument("leaf '" + name + "': unknown dtype");
+    return invalid_argument("leaf '" + name() + "': unknown dtype");
   auto total = checked_num_bytes(leaf.shape, dtype_size(leaf.dtype));
   if (!total)
-    return invalid_argument("leaf '" + name + "': shape " + shape_to_string(leaf.shape) +
+    return invalid_argument("leaf '" + name() + "': shape " + shape_to_string(leaf.shape) +
                             " is negative or overflows 64 bits");
   if (leaf.shards.empty() && *total != 0 && !partial)
-    return invalid_argument("leaf '" + name + "' has no shards");
+    return invalid_argument("leaf '" + name() + "' has no shards");
   uint64_t covered = 0;
   for (size_t i = 0; i < leaf.shards.size(); ++i) {
     const Box& b = leaf.shards[i].box;
     if (b.start.size() != leaf.shape.size() || b.stop.size() != leaf.shape.size())
-      return invalid_argument("leaf '" + name + "' shard " + std::to_string(i) + ": box rank differs from shape");
+      return invalid_argument("leaf '" + name() + "' shard " + std::to_string(i) + ": box rank differs from shape");
     for (size_t d = 0; d < b.rank(); ++d)
       if (b.start[d] < 0 || b.start[d] > b.stop[d] || b.stop[d] > leaf.shape[d])
-        return invalid_argument("leaf '" + name + "' shard " + std::to_string(i) +
+        return invalid_argument("leaf '" + name() + "' shard " + std::to_string(i) +
                                 ": box lies outside shape " + shape_to_string(leaf.shape));
     uint64_t bytes = checked_num_bytes(b.extent(), dtype_size(leaf.dtype)).value_or(0);
     if (bytes > 0 && leaf.shards[i].data == nullptr)
-      return invalid_argument("leaf '" + name + "' shard " + std::to_string(i) + ": null data");
+      return invalid_argument("leaf '" + name() + "' shard " + std::to_string(i) + ": null data");
     covered += bytes;
   }
   // Pairwise overlap check: save() receives few shards per leaf per process.
   for (size_t i = 0; i < leaf.shards.size(); ++i)
     for (size_t j = i + 1; j < leaf.shards.size(); ++j)
       if (boxes_intersect(leaf.shards[i].box, leaf.shards[j].box))
-        return invalid_argument("leaf '" + name + "': shards " + std::to_string(i) + " and " +
+        return invalid_argument("leaf '" + name() + "': shards " + std::to_string(i) + " and " +
                                 std::to_string(j) + " overlap");
   if (covered != *total && !partial)
-    return invalid_argument("leaf '" + name + "': shards do not cover the whole shape " +
+    return invalid_argument("leaf '" + name() + "': shards do not cover the whole shape " +
                             shape_to_string(leaf.shape));
   return Status::OK();
 }
@@ -303,13 +304,26 @@ bool valid_utf8(std::string_view s) {
 }  // namespace
 
 Status validate_leaves(const std::vector<LeafView>& leaves, bool partial) {
-  std::set<std::pair<std::string_view, std::string_view>> seen;
-  for (const LeafView& leaf : leaves) {
+  // Names seen: an open-addressing table of leaf positions (no allocation
+  // per leaf).
+  size_t slots = 16;
+  while (slots < 2 * leaves.size()) slots *= 2;
+  std::vector<size_t> seen(slots, 0);  // position + 1; 0: empty
+  const std::hash<std::string_view> hash;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const LeafView& leaf = leaves[i];
     if (!valid_utf8(leaf.prefix) || !valid_utf8(leaf.path))
       return invalid_argument("leaf names must be valid UTF-8 (the index stores them as JSON strings)");
     CKPTIO_RETURN_IF_ERROR(validate_leaf(leaf, partial));
-    if (!seen.emplace(leaf.prefix, leaf.path).second)
-      return invalid_argument("leaf '" + leaf.prefix + "/" + leaf.path + "' appears twice");
+    for (size_t at = (hash(leaf.path) * 31 + hash(leaf.prefix)) & (slots - 1);; at = (at + 1) & (slots - 1)) {
+      if (seen[at] == 0) {
+        seen[at] = i + 1;
+        break;
+      }
+      const LeafView& other = leaves[seen[at] - 1];
+      if (other.path == leaf.path && other.prefix == leaf.prefix)
+        return invalid_argument("leaf '" + leaf.prefix + "/" + leaf.path + "' appears twice");
+    }
   }
   return Status::OK();
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ckptio/index.h"
+#include "src/index_readers.h"
 
 namespace ckptio {
 namespace {
@@ -320,6 +321,88 @@ TEST(IndexRoundTrip, NegativeZeroIsZero) {
   auto r = parse_index(text);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->prefixes[0].leaves[0].shards[0].offset, 0u);
+}
+
+// ---- The two readers ------------------------------------------------------------
+// parse_index = the fast reader when it takes the text, else the strict one.
+
+// The fast reader takes `text`, and gives what the strict reader gives.
+::testing::AssertionResult FastReads(const std::string& text) {
+  Index fast;
+  if (!index_readers::read_index_fast(text, {}, &fast))
+    return ::testing::AssertionFailure() << "the fast reader refused:\n" << text;
+  auto strict = index_readers::read_index_strict(text);
+  if (!strict.ok()) return ::testing::AssertionFailure() << "strict: " << strict.status().to_string();
+  if (!(fast == *strict)) return ::testing::AssertionFailure() << "the readers differ on:\n" << text;
+  return ::testing::AssertionSuccess();
+}
+
+// The fast reader leaves `text` to the strict reader, and parse_index gives
+// exactly what the strict reader gives (the same Index or the same error).
+::testing::AssertionResult LeftToStrict(const std::string& text) {
+  Index fast;
+  if (index_readers::read_index_fast(text, {}, &fast))
+    return ::testing::AssertionFailure() << "the fast reader took:\n" << text;
+  auto strict = index_readers::read_index_strict(text);
+  auto r = parse_index(text);
+  if (r.ok() != strict.ok() || (r.ok() && !(*r == *strict)) ||
+      (!r.ok() && r.status().to_string() != strict.status().to_string()))
+    return ::testing::AssertionFailure() << "parse_index differs from the strict reader on:\n" << text;
+  return ::testing::AssertionSuccess() << (strict.ok() ? "accepted" : strict.status().to_string());
+}
+
+TEST(IndexReaders, TheFastReaderTakesWhatTheWriterWrites) {
+  EXPECT_TRUE(FastReads(serialize_index(sample())));
+  EXPECT_TRUE(FastReads(serialize_index(Index{})));
+  Builder b;
+  for (int i = 0; i < 200; ++i)
+    b.leaf(i % 3 ? "model" : "tx", "p." + std::to_string(i), DType::kFloat16, {3, 5}, grid({3, 5}, {3, 1}),
+           "data-0123456789abcdef-" + std::to_string(i % 4) + ".bin");
+  EXPECT_TRUE(FastReads(serialize_index(b.metadata(R"({"a":[1,2.5,"x\n",null,{"b":true}],"c":-1})").build())));
+  // Compact and re-spaced forms, members in another order.
+  EXPECT_TRUE(FastReads(OJson::parse(serialize_index(sample())).dump()));
+  EXPECT_TRUE(FastReads(OJson::parse(serialize_index(sample())).dump(1, '\t')));
+  EXPECT_TRUE(FastReads(edited([](OJson& j) {
+    OJson moved = j["format"];
+    j.erase("format");
+    j["format"] = moved;
+    j.erase("created_at");
+  })));
+}
+
+TEST(IndexReaders, AnythingElseIsLeftToTheStrictReader) {
+  const std::string text = serialize_index(sample());
+  auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string t = text;
+    const size_t at = t.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return at == std::string::npos ? t : t.replace(at, from.size(), to);
+  };
+  // Accepted by the strict reader.
+  EXPECT_TRUE(LeftToStrict(replaced("\"params.bias\"", "\"params.\\u0062ias\"")));  // an escape
+  EXPECT_TRUE(LeftToStrict(replaced("\"params.bias\"", "\"params.bïas\"")));        // non-ASCII
+  EXPECT_TRUE(LeftToStrict(replaced("\"offset\": 0,", "\"offset\": -0,")));
+  EXPECT_TRUE(LeftToStrict(replaced("\"step\": 1200,", "\"step\": 1200, \"future\": [1],")));
+  EXPECT_TRUE(LeftToStrict(replaced("\"model\": [", "\"mod\\u0065l\": [")));
+  EXPECT_TRUE(LeftToStrict("\xEF\xBB\xBF" + text));  // a byte order mark
+  // Refused by it (parse_index gives its error).
+  EXPECT_TRUE(LeftToStrict(replaced("\"offset\": 0,", "\"offset\": 00,")));
+  EXPECT_TRUE(LeftToStrict(replaced("\"offset\": 0,", "\"offset\": 0.0,")));
+  EXPECT_TRUE(LeftToStrict(replaced("\"offset\": 0,", "\"offset\": 0e0,")));
+  EXPECT_TRUE(LeftToStrict(replaced("\"offset\": 0,", "\"offset\": 18446744073709551616,")));
+  EXPECT_TRUE(LeftToStrict(replaced("\"step\": 1200,", "\"step\": 1200, \"step\": 1200,")));
+  EXPECT_TRUE(LeftToStrict(replaced("\"step\": 1200,", "\"step\": 9223372036854775808,")));
+  EXPECT_TRUE(LeftToStrict(replaced("\"format\": \"ckptio\",", "")));
+  EXPECT_TRUE(LeftToStrict(replaced("\"created_at\": \"", "\"created_at\": \"\x01")));
+  EXPECT_TRUE(LeftToStrict(replaced("\"params.bias\"", "\"\"")));
+  EXPECT_TRUE(LeftToStrict(replaced("\"tx\": [", "\"model\": [")));     // a duplicate prefix
+  EXPECT_TRUE(LeftToStrict(replaced("\"metadata\": {", "\"metadata\": {\"a\":1,\"a\":2,")));
+  EXPECT_TRUE(LeftToStrict(replaced("\"metadata\": {", "\"metadata\": {\"a\":[1,}")));
+  EXPECT_TRUE(LeftToStrict(replaced("\"metadata\": {", "\"metadata\": [{")));
+  EXPECT_TRUE(LeftToStrict(text + "x"));
+  EXPECT_TRUE(LeftToStrict(text + "{}"));
+  EXPECT_TRUE(LeftToStrict(text.substr(0, text.size() - 3)));
+  EXPECT_TRUE(LeftToStrict(replaced("\"length\": 24,", "\"length\": 25,")));
 }
 
 TEST(IndexFormat, GoldenText) {

@@ -8,6 +8,7 @@
 
 #include "ckptio/index.h"
 #include "src/crc32c.h"
+#include "src/index_readers.h"
 
 namespace ckptio {
 namespace {
@@ -63,6 +64,20 @@ void BM_IndexParse(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * json.size());
 }
 BENCHMARK(BM_IndexParse)->Arg(100)->Arg(100000)->Unit(benchmark::kMillisecond);
+
+// The strict reader alone: what parse_index costs for an index the fast
+// reader leaves to it (docs/format.md 3.3).
+void BM_IndexParseStrict(benchmark::State& state) {
+  std::string json = serialize_index(make_index(state.range(0)));
+  for (auto _ : state) {
+    auto r = index_readers::read_index_strict(json);
+    if (!r.ok()) state.SkipWithError(r.status().to_string().c_str());
+    benchmark::DoNotOptimize(r);
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+  state.SetBytesProcessed(state.iterations() * json.size());
+}
+BENCHMARK(BM_IndexParseStrict)->Arg(100000)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace ckptio

@@ -41,6 +41,7 @@
 #include <unordered_set>
 
 #include "src/index_readers.h"
+#include "src/position_table.h"
 
 namespace ckptio {
 namespace {
@@ -275,25 +276,16 @@ std::optional<Problem> check_leaf(const LeafRecord& l, bool partial, uint64_t* t
   return std::nullopt;
 }
 
-// The leaves of one prefix: unique paths. An open-addressing table of leaf
-// positions (no allocation per leaf: a prefix may hold millions).
+// The leaves of one prefix: unique paths.
 std::optional<Problem> check_leaf_paths(const std::vector<LeafRecord>& leaves) {
-  size_t slots = 16;
-  while (slots < 2 * leaves.size()) slots *= 2;
-  std::vector<size_t> table(slots, 0);  // leaf position + 1; 0: empty
-  const std::hash<std::string_view> hash;
+  PositionTable seen(leaves.size());
   for (size_t i = 0; i < leaves.size(); ++i) {
     const std::string_view path = leaves[i].path;
-    for (size_t at = hash(path) & (slots - 1);; at = (at + 1) & (slots - 1)) {
-      if (table[at] == 0) {
-        table[at] = i + 1;
-        break;
-      }
-      const size_t other = table[at] - 1;
-      if (leaves[other].path == path)
-        return Problem{"[" + std::to_string(i) + "].path", "duplicate leaf path " + quote_name(path) +
-                                                               " (also at [" + std::to_string(other) + "])"};
-    }
+    size_t& slot = seen.slot(hash_names(path), [&](size_t j) { return leaves[j].path == path; });
+    if (slot != 0)
+      return Problem{"[" + std::to_string(i) + "].path", "duplicate leaf path " + quote_name(path) +
+                                                             " (also at [" + std::to_string(slot - 1) + "])"};
+    slot = i + 1;
   }
   return std::nullopt;
 }

@@ -28,7 +28,6 @@
 #include <regex>
 #include <set>
 #include <tuple>
-#include <unordered_map>
 
 #include "ckptio/manager.h"
 #include "src/cast.h"
@@ -36,6 +35,7 @@
 #include "src/damage.h"
 #include "src/layout.h"
 #include "src/manager_impl.h"
+#include "src/position_table.h"
 #include "src/restore_sharded.h"
 
 namespace ckptio {
@@ -290,14 +290,27 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
   RestoredState out;
   out.step = the_step;
   out.metadata_json = index.metadata_json;
-  std::unordered_map<std::string, const RestoreOptions::Destination*> destinations;
-  destinations.reserve(options.into.size());
-  for (const auto& d : options.into) destinations[d.prefix + "/" + d.path] = &d;
+  // The caller's destinations by name (a later one for the same leaf wins).
+  const auto& into = options.into;
+  PositionTable destinations(into.size());
+  for (size_t i = 0; i < into.size(); ++i)
+    destinations.slot(hash_names(into[i].prefix, into[i].path), [&](size_t j) {
+      return into[j].path == into[i].path && into[j].prefix == into[i].prefix;
+    }) = i + 1;
+  auto destination = [&](const std::string& prefix, const std::string& path) -> const RestoreOptions::Destination* {
+    if (into.empty()) return nullptr;
+    const size_t slot = destinations.slot(hash_names(prefix, path), [&](size_t j) {
+      return into[j].path == path && into[j].prefix == prefix;
+    });
+    return slot ? &into[slot - 1] : nullptr;
+  };
   // One key string per data file, shared by its shards' tasks.
   std::map<std::string, std::pair<std::string, size_t>, std::less<>> file_keys;
   for (const DataFileRecord& f : index.files) file_keys.try_emplace(f.name, dir + "/" + f.name, file_keys.size());
+  decltype(file_keys)::iterator file = file_keys.end();  // of the shard before: shards come in runs of one file
   std::vector<ShardTask> tasks;
-  std::string name;  // reused: no allocation per leaf
+  tasks.reserve(selected.size());
+  out.leaves.reserve(selected.size());
   for (const auto& [prefix, leaf] : selected) {
     Tensor t;
     t.prefix = prefix;
@@ -305,17 +318,12 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     t.dtype = leaf->dtype;
     t.shape = leaf->shape;
     const size_t item = dtype_size(leaf->dtype);
-    auto dest = destinations.end();
-    if (!destinations.empty()) {
-      name.assign(prefix).append(1, '/').append(leaf->path);
-      dest = destinations.find(name);
-    }
-    if (dest != destinations.end()) {
-      if (dest->second->size != leaf->num_bytes())
+    if (const RestoreOptions::Destination* dest = destination(prefix, leaf->path)) {
+      if (dest->size != leaf->num_bytes())
         return invalid_argument("restore destination for " + leaf_name(prefix, *leaf) + " holds " +
-                                std::to_string(dest->second->size) + " bytes, the leaf has " +
+                                std::to_string(dest->size) + " bytes, the leaf has " +
                                 std::to_string(leaf->num_bytes()));
-      t.data = Buffer::wrap(dest->second->data, dest->second->size);
+      t.data = Buffer::wrap(dest->data, dest->size);
     } else {
       const uint64_t phase = leaf->shards.size() == 1 ? leaf->shards[0].offset % align : 0;
       t.data = Buffer::allocate(leaf->num_bytes(), std::max<uint64_t>(align, 64), phase);
@@ -326,7 +334,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
       task.prefix = &prefix;
       task.leaf_rec = leaf;
       task.shard = i;
-      auto file = file_keys.find(rec.file);
+      if (file == file_keys.end() || file->first != rec.file) file = file_keys.find(rec.file);
       if (file == file_keys.end())  // the index reader checks every reference
         return internal_error("shard of " + leaf_name(prefix, *leaf) + " names unlisted file " + rec.file);
       task.key = &file->second.first;
@@ -352,9 +360,11 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     std::vector<size_t> order;
     for (size_t i = 0; i < tasks.size(); ++i)
       if (tasks[i].rec->length > 0 && tasks[i].rec->length <= kSmallShard) order.push_back(i);
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    auto by_position = [&](size_t a, size_t b) {
       return std::tie(tasks[a].file, tasks[a].rec->offset) < std::tie(tasks[b].file, tasks[b].rec->offset);
-    });
+    };
+    if (!std::is_sorted(order.begin(), order.end(), by_position))  // usually they are: saved in this order
+      std::sort(order.begin(), order.end(), by_position);
     Group g;
     auto close = [&] {
       if (g.tasks.size() >= 2) {
@@ -551,7 +561,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     else if (options.float_dtype && dtype_is_float(leaf.dtype) && leaf.dtype != *options.float_dtype)
       to = options.float_dtype;
     if (!to) continue;
-    if (destinations.count(leaf.prefix + "/" + leaf.path))
+    if (destination(leaf.prefix, leaf.path))
       return invalid_argument("restore destination for " + leaf.prefix + "/" + leaf.path +
                               " cannot take a cast to " + std::string(dtype_name(*to)));
     uint64_t n = checked_num_bytes(leaf.shape).value_or(0);

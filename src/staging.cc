@@ -11,6 +11,8 @@
 
 #include <sys/mman.h>
 
+#include "src/position_table.h"
+
 namespace ckptio {
 
 BufferPool::BufferPool(uint64_t chunk, uint64_t capacity)
@@ -304,26 +306,17 @@ bool valid_utf8(std::string_view s) {
 }  // namespace
 
 Status validate_leaves(const std::vector<LeafView>& leaves, bool partial) {
-  // Names seen: an open-addressing table of leaf positions (no allocation
-  // per leaf).
-  size_t slots = 16;
-  while (slots < 2 * leaves.size()) slots *= 2;
-  std::vector<size_t> seen(slots, 0);  // position + 1; 0: empty
-  const std::hash<std::string_view> hash;
+  PositionTable seen(leaves.size());
   for (size_t i = 0; i < leaves.size(); ++i) {
     const LeafView& leaf = leaves[i];
     if (!valid_utf8(leaf.prefix) || !valid_utf8(leaf.path))
       return invalid_argument("leaf names must be valid UTF-8 (the index stores them as JSON strings)");
     CKPTIO_RETURN_IF_ERROR(validate_leaf(leaf, partial));
-    for (size_t at = (hash(leaf.path) * 31 + hash(leaf.prefix)) & (slots - 1);; at = (at + 1) & (slots - 1)) {
-      if (seen[at] == 0) {
-        seen[at] = i + 1;
-        break;
-      }
-      const LeafView& other = leaves[seen[at] - 1];
-      if (other.path == leaf.path && other.prefix == leaf.prefix)
-        return invalid_argument("leaf '" + leaf.prefix + "/" + leaf.path + "' appears twice");
-    }
+    size_t& slot = seen.slot(hash_names(leaf.prefix, leaf.path), [&](size_t j) {
+      return leaves[j].path == leaf.path && leaves[j].prefix == leaf.prefix;
+    });
+    if (slot != 0) return invalid_argument("leaf '" + leaf.prefix + "/" + leaf.path + "' appears twice");
+    slot = i + 1;
   }
   return Status::OK();
 }

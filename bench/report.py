@@ -278,7 +278,8 @@ def markdown(res, plots, method=True):
                 "{:,}".format(int(k)), size_name(lv[k]["bytes"]), _bytes(lv[k]["bytes"] / int(k)),
                 fmt(r.get("ckptio_save")), fmt(r.get("ckptio_restore")), fmt(r.get("ckptio_restore_fresh")),
                 "%.2f" % (rs / bs) if rs and bs else "—", "%.2f" % (rr / br) if rr and br else "—"))
-        L.append("")
+        L += ["", "Where many small leaves still lose time (the index, save()'s own work, the grouped reads of "
+              "small shards), profiled, and old against new binary: [README, Many small leaves](../README.md#many-small-leaves).", ""]
 
     if "processes" in res:
         pr = res["processes"]

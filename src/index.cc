@@ -41,6 +41,7 @@
 #include <unordered_set>
 
 #include "src/index_readers.h"
+#include "src/json_scan.h"
 #include "src/position_table.h"
 
 namespace ckptio {
@@ -100,32 +101,9 @@ std::string describe(const Json& v) {
 
 // ---- Stage 1: byte screening ------------------------------------------------
 
+// The size limit, then nesting by find_excess_depth (src/json_scan.h).
 // The deepest nesting parse_index accepts whatever IndexLimits::max_depth says.
 constexpr uint32_t kMaxSupportedDepth = 1000;
-
-// Returns the byte offset at which [ and { nesting outside strings first
-// exceeds `max_depth`, or npos. It does not validate JSON; it only has to
-// agree with the lexer on what is inside a string for the prefix the lexer
-// accepts, which it does: a quote outside a string always opens one, and a
-// backslash inside one always escapes the next byte.
-size_t find_excess_depth(std::string_view text, uint32_t max_depth) {
-  uint32_t depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) return i;
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return std::string_view::npos;
-}
 
 // ---- JSON text --------------------------------------------------------------
 
@@ -855,34 +833,12 @@ Result<std::string> read_metadata(std::string_view text, const IndexLimits& limi
 // At any surprise - anything else in the text, a duplicate or missing
 // member, a limit reached, a failed check - it gives up, and the strict
 // reader reads the text from the start and names the problem. The metadata
-// object is handed whole to the strict reader (its brackets found by the
-// same scan as stage 1), which writes its canonical text. So it never takes
-// what the strict reader refuses and gives the same Index; fuzz/index_fuzz.cc
-// checks that on every input. It allocates nothing beyond the Index.
+// object is handed whole to the strict reader (its end found by
+// end_of_container, src/json_scan.h), which writes its canonical text. So
+// it never takes what the strict reader refuses and gives the same Index;
+// fuzz/index_fuzz.cc checks that on every input. It allocates nothing beyond the Index.
 // `build/bin/micro_bench --benchmark_filter=IndexParse` (100,000 leaves,
 // 24.5 MB): 273 ms for the strict reader, 67 ms for this one.
-
-// One past the '}' or ']' that closes the container opening at text[at], or
-// npos. Like find_excess_depth, it agrees with the lexer on what is inside a
-// string for any text the lexer accepts.
-size_t end_of_container(std::string_view text, size_t at) {
-  uint64_t depth = 0;
-  bool in_string = false;
-  for (size_t i = at; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      ++depth;
-    } else if (c == ']' || c == '}') {
-      if (--depth == 0) return i + 1;
-    }
-  }
-  return std::string_view::npos;
-}
 
 class FastReader {
  public:

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptio/sharding.h"
+#include "src/json_scan.h"
 
 namespace ckptio {
 namespace {
@@ -22,28 +23,6 @@ constexpr size_t kMaxRules = 100'000;
 // A spec is an array of (arrays of) names; a rules file wraps it in two more.
 constexpr int kSpecDepth = 2;
 constexpr int kRulesDepth = 4;
-
-// The byte at which [ { nesting outside strings first exceeds `max_depth`,
-// or npos. Agrees with any JSON lexer on what lies inside strings: a quote
-// outside a string opens one and a backslash inside one escapes a byte.
-size_t find_excess_depth(std::string_view text, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) return i;
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return std::string_view::npos;
-}
 
 Result<Json> parse_screened(std::string_view text, size_t max_bytes, int max_depth, const std::string& root) {
   if (text.size() > max_bytes)

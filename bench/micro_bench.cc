@@ -1,5 +1,7 @@
 // Micro-benchmarks of the CPU-bound pieces on the save and restore paths:
-// checksums, index serialize/parse at scale, staging copies.
+// checksums, index serialize/parse at scale, staging copies, and what a leaf
+// costs a whole save or restore (many tiny leaves in the in-memory store, so
+// that the bytes cost next to nothing).
 //   build/bin/micro_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only
 #include <benchmark/benchmark.h>
 
@@ -7,6 +9,7 @@
 #include <vector>
 
 #include "ckptio/index.h"
+#include "ckptio/manager.h"
 #include "src/crc32c.h"
 #include "src/index_readers.h"
 
@@ -78,6 +81,60 @@ void BM_IndexParseStrict(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * json.size());
 }
 BENCHMARK(BM_IndexParseStrict)->Arg(100000)->Unit(benchmark::kMillisecond);
+
+// A state of `leaves` leaves of 64 bytes (bfloat16 [4, 8]) under "model".
+struct TinyState {
+  std::vector<std::byte> bytes;
+  std::vector<LeafView> views;
+  explicit TinyState(int leaves) : bytes(static_cast<size_t>(leaves) * 64, std::byte{3}) {
+    for (int i = 0; i < leaves; ++i)
+      views.push_back(LeafView::full("model", "params.layers." + std::to_string(i) + ".mlp.kernel",
+                                     DType::kBFloat16, {4, 8}, bytes.data() + 64 * static_cast<size_t>(i)));
+  }
+};
+
+// A new in-memory store each call (the benchmark library calls a benchmark
+// more than once, and a named store lives as long as the process).
+std::unique_ptr<CheckpointManager> memory_manager(const std::string& name) {
+  static int calls = 0;
+  ManagerOptions o;
+  o.staging = StagingMode::kBorrow;
+  o.max_to_keep = 1;
+  auto m = CheckpointManager::open("mem://" + name + "-" + std::to_string(++calls), o);
+  if (!m.ok()) std::abort();
+  return std::move(m).value();
+}
+
+// save() until committed: checking, planning, index, commit (its self-check
+// parse included), per leaf.
+void BM_SaveTinyLeaves(benchmark::State& state) {
+  TinyState s(state.range(0));
+  auto m = memory_manager("bm-save-" + std::to_string(state.range(0)));
+  int64_t step = 0;
+  for (auto _ : state) {
+    auto h = m->save(++step, s.views);
+    Status st = h.ok() ? h->wait() : h.status();
+    if (!st.ok()) state.SkipWithError(st.to_string().c_str());
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_SaveTinyLeaves)->Arg(100000)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// restore(step) into fresh memory, the result destroyed: index read and
+// parse, planning, reads, checksums, per leaf.
+void BM_RestoreTinyLeaves(benchmark::State& state) {
+  TinyState s(state.range(0));
+  auto m = memory_manager("bm-restore-" + std::to_string(state.range(0)));  // keeps the one step
+  auto h = m->save(1, s.views);
+  Status st = h.ok() ? h->wait() : h.status();
+  if (!st.ok()) return state.SkipWithError(st.to_string().c_str());
+  for (auto _ : state) {
+    auto r = m->restore(1);
+    if (!r.ok()) state.SkipWithError(r.status().to_string().c_str());
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_RestoreTinyLeaves)->Arg(100000)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace ckptio

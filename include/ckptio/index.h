@@ -58,7 +58,7 @@ struct DataFileRecord {
 struct Index {
   int64_t step = 0;
   int64_t created_unix_ns = 0;    // when save() was called
-  int64_t committed_unix_ns = 0;  // when the index was written
+  int64_t committed_unix_ns = 0;  // when the index was written (docs/format.md)
   std::string metadata_json = "{}";  // the user's JSON object, serialized
   std::vector<PrefixRecord> prefixes;
   std::vector<DataFileRecord> files;

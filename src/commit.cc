@@ -40,10 +40,27 @@ AttemptPaths plan_attempt(const Storage& storage, const std::string& final_dir, 
   return p;
 }
 
+namespace {
+std::span<const std::byte> as_bytes(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+}  // namespace
+
 Status commit_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
                       bool overwrite) {
-  std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(index_json.data()),
-                                   index_json.size());
+  CKPTIO_RETURN_IF_ERROR(stage_index(storage, paths, index_json));
+  return publish_attempt(storage, paths, index_json, overwrite);
+}
+
+Status stage_index(Storage& storage, const AttemptPaths& paths, const std::string& index_json) {
+  if (!paths.renames) return Status::OK();
+  CKPTIO_RETURN_IF_ERROR(storage.put(index_key(paths.stage_dir), as_bytes(index_json)));
+  return storage.sync(paths.stage_dir + "/");
+}
+
+Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
+                       bool overwrite) {
+  const std::span<const std::byte> bytes = as_bytes(index_json);
   if (!paths.renames) {
     if (!overwrite) {
       auto st = storage.stat(index_key(paths.final_dir));
@@ -54,8 +71,6 @@ Status commit_attempt(Storage& storage, const AttemptPaths& paths, const std::st
     return storage.put(index_key(paths.final_dir), bytes);
   }
 
-  CKPTIO_RETURN_IF_ERROR(storage.put(index_key(paths.stage_dir), bytes));
-  CKPTIO_RETURN_IF_ERROR(storage.sync(paths.stage_dir + "/"));
   Status renamed = storage.rename(paths.stage_dir + "/", paths.final_dir + "/", RenameMode::kNoReplace);
   bool exchanged = false;
   if (renamed.code() == Code::kAlreadyExists && overwrite) {

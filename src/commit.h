@@ -25,6 +25,15 @@ AttemptPaths plan_attempt(const Storage& storage, const std::string& final_dir, 
 Status commit_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
                       bool overwrite);
 
+// commit_attempt in two halves, for a caller that checks the index while it
+// is being written: stage_index writes it where no reader looks yet (POSIX:
+// into the stage directory, made durable; an object store: nothing, since
+// there writing the index is the commit), publish_attempt makes the step
+// visible.
+Status stage_index(Storage& storage, const AttemptPaths& paths, const std::string& index_json);
+Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
+                       bool overwrite);
+
 // Removes what a failed attempt wrote (never a committed step's objects).
 void discard_attempt(Storage& storage, const AttemptPaths& paths,
                      const std::vector<std::string>& data_files);

@@ -657,28 +657,32 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
   std::vector<uint32_t> crcs;
   // A single-process save prepares its index on a thread of its own while
   // the data is written: the records at once, the checksums once every write
-  // is queued (and every checksum known), then the text, read back (the
-  // index we write must be one we can read back: never commit a step that
-  // discovery would reject), while the last writes drain and the files are
-  // made durable. At 100,000 leaves that takes ~150 ms off every save. It is
-  // committed only if the writes succeed.
-  std::future<Result<std::string>> prepared;  // (destroyed after the promise: never waits on it)
-  std::promise<bool> checksums_known;         // false: the writes failed, give up
+  // is queued (and every checksum known), then the text, while the last
+  // writes drain and the files are made durable. The text is then read back
+  // (the index we write must be one we can read back: never commit a step
+  // that discovery would reject) while it is written to the stage directory
+  // (POSIX; there no reader sees it before the rename). At 100,000 leaves
+  // that takes ~200 ms off every save. Nothing is published unless the writes
+  // succeed and the text reads back.
+  std::string json;
+  std::future<Status> checked;        // (destroyed after the promises: never waits on them)
+  std::promise<bool> checksums_known;  // false: the writes failed, give up
+  std::promise<void> text_ready;
+  std::future<void> text = text_ready.get_future();
   bool told = false;
   if (!job.group)
-    prepared = std::async(std::launch::async, [&, known = checksums_known.get_future()]() mutable
-                                                  -> Result<std::string> {
+    checked = std::async(std::launch::async, [&, known = checksums_known.get_future()]() mutable -> Status {
       BuiltIndex b = build_index(job);
       if (!known.get()) return internal_error("index not needed: the data writes failed");
       for (size_t k = 0; k < crcs.size(); ++k) *b.crc_of[k] = crcs[k];
       b.index.committed_unix_ns = unix_ns_now();
-      std::string json = serialize_index(b.index);
+      json = serialize_index(b.index);
+      text_ready.set_value();
       auto check = parse_index(json);
-      if (!check.ok()) return check.status().annotate("internal: serialized index fails to parse");
-      return json;
+      return check.ok() ? Status::OK() : check.status().annotate("internal: serialized index fails to parse");
     });
   auto tell = [&](bool known) {
-    if (!prepared.valid() || std::exchange(told, true)) return;
+    if (!checked.valid() || std::exchange(told, true)) return;
     checksums_known.set_value(known);
   };
   Status st = write_data(job, crcs, stats.write_seconds, [&] { tell(true); });
@@ -687,8 +691,14 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
     st = commit_group(job, crcs, st, stats.commit_seconds);
   } else {
     const auto t0 = Clock::now();
-    auto json = prepared.get();
-    if (st.ok()) st = json.ok() ? commit_attempt(storage, job.paths, *json, job.options.overwrite) : json.status();
+    Status staged;
+    if (st.ok()) {
+      text.get();
+      staged = stage_index(storage, job.paths, json);  // while the text is read back
+    }
+    Status check = checked.get();
+    if (st.ok()) st = check.ok() ? staged : check;
+    if (st.ok()) st = publish_attempt(storage, job.paths, json, job.options.overwrite);
     stats.commit_seconds = seconds_since(t0);
   }
   if (!st.ok()) {

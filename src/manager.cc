@@ -281,7 +281,17 @@ Status CheckpointManager::wait_until_finished() {
 
 Result<SaveHandle> CheckpointManager::save(int64_t step, const std::vector<LeafView>& state,
                                            const SaveOptions& options) {
-  const auto t0 = Clock::now();
+  const auto called = Clock::now();
+  return save_taken(step, std::vector<LeafView>(state), options, called);
+}
+
+Result<SaveHandle> CheckpointManager::save(int64_t step, std::vector<LeafView>&& state,
+                                           const SaveOptions& options) {
+  return save_taken(step, std::move(state), options, Clock::now());
+}
+
+Result<SaveHandle> CheckpointManager::save_taken(int64_t step, std::vector<LeafView>&& state,
+                                                 const SaveOptions& options, Clock::time_point t0) {
   const int64_t created = unix_ns_now();
   if (step < 0) return invalid_argument("step must be >= 0, got " + std::to_string(step));
   const ProcessGroup& group = options_.processes;
@@ -316,7 +326,7 @@ Result<SaveHandle> CheckpointManager::save(int64_t step, const std::vector<LeafV
 
   auto job = std::make_shared<SaveJob>();
   job->step = step;
-  job->leaves = state;
+  job->leaves = std::move(state);
   job->options = options;
   job->copy_mode = options_.staging == StagingMode::kCopy;
   job->started = t0;

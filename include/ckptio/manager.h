@@ -19,6 +19,7 @@
 // A failed save leaves no committed step and the previous latest intact.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -272,6 +273,9 @@ class CheckpointManager {
 
   Result<SaveHandle> save(int64_t step, const std::vector<LeafView>& state,
                           const SaveOptions& options = {});
+  // The same, taking the views instead of copying them (at 100,000 leaves the
+  // copy is ~25 ms of the caller's stall): for views built for this save.
+  Result<SaveHandle> save(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options = {});
   // Waits for every save so far; returns the first error among them.
   Status wait_until_finished();
 
@@ -332,6 +336,11 @@ class CheckpointManager {
   struct Impl;
 
  private:
+  // save() of views already taken; `called` is when save() was called (the
+  // stall counts from there).
+  Result<SaveHandle> save_taken(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options,
+                                std::chrono::steady_clock::time_point called);
+
   std::shared_ptr<Storage> storage_;
   ManagerOptions options_;
   std::unique_ptr<Impl> impl_;

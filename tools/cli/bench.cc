@@ -327,9 +327,9 @@ int run_bench(const GlobalOptions& g, const BenchCmd& o) {
     Storage& storage = m->storage();
     Progress p("saving step " + std::to_string(run.step), layout.total_bytes,
                [&storage, dir] { return bytes_in_flight(storage, dir); });
-    const std::vector<LeafView> views = state.views();  // the caller's to build, not the stall's
+    std::vector<LeafView> views = state.views();  // the caller's to build, not the stall's
     t0 = Clock::now();
-    auto h = m->save(run.step, views, so);
+    auto h = m->save(run.step, std::move(views), so);  // taken, not copied
     run.stall_ms = since(t0) * 1e3;
     if (!h.ok()) fail_status(h.status(), "save step " + std::to_string(run.step));
     cleanup.steps.push_back(run.step);

@@ -18,5 +18,9 @@ Result<Index> read_index_strict(std::string_view json, const IndexLimits& limits
 // leaves to the strict reader. Whenever it returns true, read_index_strict
 // accepts the same text and returns an equal Index.
 bool read_index_fast(std::string_view json, const IndexLimits& limits, Index* out);
+// The same with a helper thread reading leaves from byte `split` on, for any
+// text (read_index_fast splits large texts near the middle by itself);
+// std::string_view::npos: one thread. The result never depends on `split`.
+bool read_index_fast(std::string_view json, const IndexLimits& limits, Index* out, size_t split);
 
 }  // namespace ckptio::index_readers

@@ -405,6 +405,66 @@ TEST(IndexReaders, AnythingElseIsLeftToTheStrictReader) {
   EXPECT_TRUE(LeftToStrict(replaced("\"length\": 24,", "\"length\": 25,")));
 }
 
+// Two threads (a helper reading leaves from a split point) give exactly what
+// one thread gives, wherever the split point lies: at a leaf, inside one, in
+// metadata, in another prefix, in the files, past the end; on valid texts and
+// on texts one of the two would refuse.
+TEST(IndexReaders, ASplitReadGivesTheOneThreadResult) {
+  Builder b;
+  for (int i = 0; i < 40; ++i)
+    b.leaf(i % 3 ? "model" : "tx", "p." + std::to_string(i), DType::kFloat16, {3, 5}, grid({3, 5}, {3, 1}),
+           "data-0123456789abcdef-" + std::to_string(i % 2) + ".bin");
+  const std::string valid = serialize_index(b.metadata(R"({"x":[{"path":1},"{\"path\""]})").build());
+  std::vector<std::string> texts = {valid};
+  auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string t = valid;
+    const size_t at = t.rfind(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return at == std::string::npos ? t : t.replace(at, from.size(), to);
+  };
+  texts.push_back(replaced("\"p.38\"", "\"p.1\""));       // a duplicate path, late
+  texts.push_back(replaced("\"length\": 10,", "\"length\": 11,"));  // a bad leaf, late
+  texts.push_back(replaced("\n      ]}\n    ]", "\n      ]},\n    ]"));  // a trailing comma
+  texts.push_back(replaced("\"dtype\": \"float16\"", "\"dtype\": \"float17\""));
+  size_t splits = 0, taken = 0;
+  for (const std::string& text : texts) {
+    Index one;
+    const bool one_ok = index_readers::read_index_fast(text, {}, &one, std::string_view::npos);
+    for (size_t at = 0; at <= text.size() + 1; ++at) {
+      if (at < text.size() && text[at] != '{' && at % 97 != 0) continue;  // every '{', and other bytes
+      Index two;
+      const bool two_ok = index_readers::read_index_fast(text, {}, &two, at);
+      ASSERT_EQ(two_ok, one_ok) << "split at " << at << " of:\n" << text;
+      if (one_ok) ASSERT_TRUE(two == one) << "split at " << at;
+      ++splits;
+      taken += one_ok;
+    }
+  }
+  EXPECT_GT(splits, 5 * 60u);
+  EXPECT_GT(taken, 60u);
+  // The count limit across the two runs: exactly at it, and one short.
+  Index one;
+  IndexLimits limits;
+  limits.max_leaves = 40;
+  const size_t mid = valid.find("{\"path\": \"p.20\"");
+  ASSERT_NE(mid, std::string::npos);
+  EXPECT_TRUE(index_readers::read_index_fast(valid, limits, &one, mid));
+  limits.max_leaves = 39;
+  EXPECT_FALSE(index_readers::read_index_fast(valid, limits, &one, mid));
+  // parse_index splits a large text by itself, and gives the same Index.
+  Builder big;
+  for (int i = 0; i < 8000; ++i)
+    big.leaf("model", "params.layers." + std::to_string(i) + ".kernel", DType::kFloat32, {4, 4},
+             grid({4, 4}, {1, 1}), "data-0123456789abcdef-0.bin");
+  const std::string large = serialize_index(big.build());
+  ASSERT_GT(large.size(), size_t{1} << 20);
+  Index alone;
+  ASSERT_TRUE(index_readers::read_index_fast(large, {}, &alone, std::string_view::npos));
+  auto parsed = parse_index(large);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  EXPECT_TRUE(*parsed == alone);
+}
+
 TEST(IndexFormat, GoldenText) {
   Index x = Builder().leaf("model", "w", DType::kBFloat16, {2, 2}, grid({2, 2}, {2, 1})).prefix("tx").build();
   x.metadata_json = R"({"a":1})";

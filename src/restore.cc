@@ -299,9 +299,15 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
   out.step = the_step;
   out.metadata_json = index.metadata_json;
   // The caller's destinations by name (a later one for the same leaf wins).
+  // Usually the caller lists every selected leaf in the order the index
+  // does: then each destination is its leaf's, none repeats (the index's
+  // names are unique), and no table is needed.
   const auto& into = options.into;
-  PositionTable destinations(into.size());
-  for (size_t i = 0; i < into.size(); ++i)
+  bool in_order = into.size() == selected.size();
+  for (size_t i = 0; in_order && i < into.size(); ++i)
+    in_order = into[i].path == selected[i].second->path && into[i].prefix == selected[i].first;
+  PositionTable destinations(in_order ? 0 : into.size());
+  for (size_t i = 0; !in_order && i < into.size(); ++i)
     destinations.slot(hash_names(into[i].prefix, into[i].path), [&](size_t j) {
       return into[j].path == into[i].path && into[j].prefix == into[i].prefix;
     }) = i + 1;
@@ -321,8 +327,9 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
   out.leaves.reserve(selected.size());
   // Leaves without a caller's destination are allocated once the groups are
   // known (a direct group's leaves share one allocation).
-  std::vector<bool> allocate_later;
+  std::vector<bool> allocate_later, has_destination;
   allocate_later.reserve(selected.size());
+  has_destination.reserve(selected.size());
   for (const auto& [prefix, leaf] : selected) {
     Tensor t;
     t.prefix = prefix;
@@ -330,7 +337,8 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     t.dtype = leaf->dtype;
     t.shape = leaf->shape;
     const size_t item = dtype_size(leaf->dtype);
-    const RestoreOptions::Destination* dest = destination(prefix, leaf->path);
+    const RestoreOptions::Destination* dest =
+        in_order ? &into[out.leaves.size()] : destination(prefix, leaf->path);
     if (dest) {
       if (dest->size != leaf->num_bytes())
         return invalid_argument("restore destination for " + leaf_name(prefix, *leaf) + " holds " +
@@ -339,6 +347,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
       t.data = Buffer::wrap(dest->data, dest->size);
     }
     allocate_later.push_back(dest == nullptr);
+    has_destination.push_back(dest != nullptr);
     for (size_t i = 0; i < leaf->shards.size(); ++i) {
       const ShardRecord& rec = leaf->shards[i];
       ShardTask task;
@@ -611,7 +620,8 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
   // Casts: to the template's dtypes (allow_cast) or to float_dtype.
   std::map<std::string, DType> want;
   for (const LeafSpec& e : options.expected) want[e.prefix + "/" + e.path] = e.dtype;
-  for (Tensor& leaf : out.leaves) {
+  for (size_t i = 0; i < out.leaves.size(); ++i) {
+    Tensor& leaf = out.leaves[i];
     if (want.empty() && !options.float_dtype) break;  // nothing to cast: no string work per leaf
     std::optional<DType> to;
     auto it = want.find(leaf.prefix + "/" + leaf.path);
@@ -619,7 +629,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     else if (options.float_dtype && dtype_is_float(leaf.dtype) && leaf.dtype != *options.float_dtype)
       to = options.float_dtype;
     if (!to) continue;
-    if (destination(leaf.prefix, leaf.path))
+    if (has_destination[i])
       return invalid_argument("restore destination for " + leaf.prefix + "/" + leaf.path +
                               " cannot take a cast to " + std::string(dtype_name(*to)));
     uint64_t n = checked_num_bytes(leaf.shape).value_or(0);

@@ -634,8 +634,11 @@ TEST_P(ManagerTest, RestoreIntoOneArenaWritesOnlyTheDestinations) {
   ASSERT_TRUE(index.ok()) << index.status().to_string();
   const auto& saved = index->prefixes.at(0).leaves;
   for (uint64_t gap : {0, 1, 64}) {
-    for (bool every_leaf : {true, false}) {
-      SCOPED_TRACE("gap " + std::to_string(gap) + (every_leaf ? ", every leaf" : ", every other leaf"));
+    for (int mode : {0, 1, 2}) {
+      // Every leaf in the index's order, every other leaf, every leaf listed
+      // backwards: restore finds each destination by name in all three.
+      const bool every_leaf = mode != 1, backwards = mode == 2;
+      SCOPED_TRACE("gap " + std::to_string(gap) + (mode == 0 ? ", every leaf" : mode == 1 ? ", every other leaf" : ", every leaf backwards"));
       // Each destination at the same distance from the one before as its
       // shard from the shard before, plus `gap` bytes never to be written.
       std::vector<uint64_t> at;
@@ -659,6 +662,7 @@ TEST_P(ManagerTest, RestoreIntoOneArenaWritesOnlyTheDestinations) {
         o.into.push_back({"model", saved[i].path, base + at[i], saved[i].shards[0].length});
         for (uint64_t k = 0; k < saved[i].shards[0].length; ++k) is_dest[base - arena.data() + at[i] + k] = true;
       }
+      if (backwards) std::reverse(o.into.begin(), o.into.end());
       auto r = m->restore(1, o);
       ASSERT_TRUE(r.ok()) << r.status().to_string();
       expect_restored(*r, state);

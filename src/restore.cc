@@ -198,9 +198,19 @@ Status check_template(const std::vector<std::pair<std::string, const LeafRecord*
 
 Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
                                                  const RestoreOptions& options) {
+  // The index's fetch and parse, counted into the restore's stats.
+  auto with_index_time = [](Result<RestoredState> r, Clock::time_point t0, Clock::time_point t1) {
+    if (r.ok()) {
+      r->stats.index_seconds = std::chrono::duration<double>(t1 - t0).count();
+      r->stats.seconds += r->stats.index_seconds;
+    }
+    return r;
+  };
   if (step) {
+    const auto t0 = Clock::now();
     CKPTIO_ASSIGN_OR_RETURN(Index index, read_index(*step));
-    return impl_->restore_index(index, options);
+    const auto t1 = Clock::now();
+    return with_index_time(impl_->restore_index(index, options), t0, t1);
   }
   // Restore-latest: committed steps newest first; damage (kDataLoss, in the
   // index or the data) moves on to the next older step unless strict; any
@@ -219,7 +229,9 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
   };
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
     if (it->kind != StepDirKind::kFinal) continue;
+    const auto t0 = Clock::now();
     auto loaded = impl_->load_index(it->name);
+    const auto t1 = Clock::now();
     if (loaded.ok() && !loaded->has_value()) {  // no index: not committed, or lost (POSIX)
       Status why = impl_->missing_index(it->name, it->step);
       if (why.code() == Code::kNotFound) continue;
@@ -230,7 +242,7 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
       skip(it->step, loaded.status());
       continue;
     }
-    auto restored = impl_->restore_index(**loaded, options);
+    auto restored = with_index_time(impl_->restore_index(**loaded, options), t0, t1);
     if (restored.ok()) {
       if (!skipped.empty())
         spdlog::warn("ckptio: restore-latest restored step {} after skipping {} damaged newer step(s)",
@@ -605,6 +617,8 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     }
     reading.push_back(std::async(std::launch::async, read_batch, b, e));
   };
+  const auto t_reads = Clock::now();
+  out.stats.plan_seconds = std::chrono::duration<double>(t_reads - t0).count();
   Status first;
   for (size_t i = 0; i < batches.size(); ++i) {
     while (launched < batches.size() && launched < i + kBatchesInFlight && first.ok()) launch();
@@ -616,6 +630,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
   }
   for (auto& f : reading) (void)f.get();  // never leave a read writing into freed memory
   CKPTIO_RETURN_IF_ERROR(first);
+  out.stats.read_seconds = std::chrono::duration<double>(Clock::now() - t_reads).count();
 
   // Casts: to the template's dtypes (allow_cast) or to float_dtype.
   std::map<std::string, DType> want;

@@ -137,6 +137,16 @@ TEST_P(ManagerTest, SaveCommitRestoreLatest) {
   EXPECT_NE(r->metadata_json.find("\"data_pos\":123"), std::string::npos) << r->metadata_json;
   expect_restored(*r, state);
   EXPECT_EQ(r->stats.bytes_needed, h->stats().bytes);
+  // The phases are timed, latest or named step, and lie within the whole.
+  for (auto step : {std::optional<int64_t>(), std::optional<int64_t>(7)}) {
+    auto again = step ? m->restore(*step) : m->restore(std::nullopt);
+    ASSERT_TRUE(again.ok()) << again.status().to_string();
+    const RestoreStats& s = again->stats;
+    EXPECT_GT(s.index_seconds, 0);
+    EXPECT_GT(s.plan_seconds, 0);
+    EXPECT_GT(s.read_seconds, 0);
+    EXPECT_LE(s.index_seconds + s.plan_seconds + s.read_seconds, s.seconds);
+  }
 }
 
 // Bad metadata and names that no index can hold are refused by save() itself,

@@ -184,7 +184,15 @@ struct RestoreStats {
   // Read requests; on object stores, contiguous ranges asked of the backend
   // (a sharded restore bridges small gaps between leaves, docs/read-planning.md).
   uint64_t requests = 0;
+  // Wall time of the whole restore, and three phases of it: fetching and
+  // parsing the step's index; selecting, checking and allocating the leaves
+  // and planning the reads; reading, with the checksums and scatters that
+  // overlap the reads. The rest (casts) is seconds minus the three. A
+  // restore into a sharding reports index_seconds and seconds only.
   double seconds = 0;
+  double index_seconds = 0;
+  double plan_seconds = 0;
+  double read_seconds = 0;
 };
 
 struct RestoreOptions {

@@ -85,6 +85,8 @@ struct Run {
   double memcpy_seconds = 0;   // one memcpy of the state into warm memory
   double restore_seconds = 0;  // into warm destinations
   double restore_gbps = 0;
+  // The warm restore's phases (RestoreStats): index fetch and parse, plan, reads.
+  double restore_index_seconds = 0, restore_plan_seconds = 0, restore_read_seconds = 0;
   double restore_fresh_seconds = 0;  // into fresh allocations
   double restore_fresh_gbps = 0;
   bool verified = false;
@@ -125,6 +127,9 @@ nlohmann::json run_json(const Run& r) {
                       {"memcpy_ms", round_to(r.memcpy_seconds * 1e3, 3)},
                       {"restore_seconds", round_to(r.restore_seconds, 4)},
                       {"restore_gbps", round_to(r.restore_gbps, 4)},
+                      {"restore_phases_seconds", {{"index", round_to(r.restore_index_seconds, 4)},
+                                                  {"plan", round_to(r.restore_plan_seconds, 4)},
+                                                  {"read", round_to(r.restore_read_seconds, 4)}}},
                       {"restore_fresh_seconds", round_to(r.restore_fresh_seconds, 4)},
                       {"restore_fresh_gbps", round_to(r.restore_fresh_gbps, 4)},
                       {"verified", r.verified},
@@ -206,6 +211,9 @@ void restore_into(CheckpointManager& m, int64_t step, const synth::Layout& layou
     run.error = r.status().to_string();
     return;
   }
+  run.restore_index_seconds = r->stats.index_seconds;
+  run.restore_plan_seconds = r->stats.plan_seconds;
+  run.restore_read_seconds = r->stats.read_seconds;
   std::vector<const std::byte*> data(dst.data.begin(), dst.data.end());
   auto bad = synth::compare(layout, seed, std::vector<uint64_t>(layout.leaves.size(), 0), data);
   if (bad) {
@@ -454,6 +462,9 @@ int run_bench(const GlobalOptions& g, const BenchCmd& o) {
                           {"repeat", o.repeat},
                           {"save_gbps", round_to(med(&Run::save_gbps), 4)},
                           {"restore_gbps", round_to(med(&Run::restore_gbps), 4)},
+                          {"restore_phases_seconds", {{"index", round_to(med(&Run::restore_index_seconds), 4)},
+                                                      {"plan", round_to(med(&Run::restore_plan_seconds), 4)},
+                                                      {"read", round_to(med(&Run::restore_read_seconds), 4)}}},
                           {"restore_fresh_gbps", round_to(med(&Run::restore_fresh_gbps), 4)},
                           {"stall_ms", round_to(med(&Run::stall_ms), 3)},
                           {"memcpy_ms", round_to(memcpy_ms, 3)},
@@ -505,7 +516,8 @@ void add_bench(CLI::App& app, const GlobalOptions& g, Command* run) {
   sub->add_flag("--no-drop-cache", o->no_drop, "Do not drop the page cache before restoring");
   sub->add_flag("--no-fresh-restore", o->no_fresh, "Skip the restore into fresh memory");
   sub->add_flag("--json", o->json,
-                "Print {save_gbps, restore_gbps (warm buffers), restore_fresh_gbps, stall_ms, memcpy_ms, "
+                "Print {save_gbps, restore_gbps (warm buffers), restore_phases_seconds {index, plan, read} "
+                "(medians of the warm restore's phases), restore_fresh_gbps, stall_ms, memcpy_ms, "
                 "stall_vs_memcpy, peak_rss_bytes (during save), rss_limit_bytes, rss_ok, verified, bytes, "
                 "cold_cache, warmup: [...], runs: [...]}");
   sub->add_option("--compare", o->compare,

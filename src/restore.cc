@@ -196,6 +196,28 @@ Status check_template(const std::vector<std::pair<std::string, const LeafRecord*
 
 }  // namespace
 
+ArenaLayout restore_arena_layout(const Index& index, uint64_t read_alignment) {
+  ArenaLayout out;
+  const uint64_t align = std::max<uint64_t>(read_alignment, 1);
+  out.alignment = std::max<uint64_t>(align, 64);
+  const ShardRecord* before = nullptr;  // the previous leaf's one shard
+  for (const PrefixRecord& p : index.prefixes)
+    for (const LeafRecord& leaf : p.leaves) {
+      const ShardRecord* one = leaf.shards.size() == 1 ? &leaf.shards[0] : nullptr;
+      uint64_t at = out.bytes;
+      const bool follows =
+          one && before && before->file == one->file && one->offset == before->offset + before->length;
+      if (!follows) {
+        at = (at + 63) / 64 * 64;
+        if (one) at += (one->offset % align + align - at % align) % align;
+      }
+      out.offsets.push_back(at);
+      out.bytes = at + leaf.num_bytes();
+      before = one;
+    }
+  return out;
+}
+
 Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
                                                  const RestoreOptions& options) {
   // The index's fetch and parse, counted into the restore's stats.

@@ -686,6 +686,63 @@ TEST_P(ManagerTest, RestoreIntoOneArenaWritesOnlyTheDestinations) {
   }
 }
 
+// restore_arena_layout places leaves as their shards lie in the files
+// (file neighbours adjacent, others at their file phase): restore reads
+// into such an arena in place and writes nothing outside the leaves.
+TEST_P(ManagerTest, ArenaLayoutPlacesLeavesAsTheirShardsLie) {
+  auto m = manager();
+  auto state = small_leaves(150, 17);
+  state.insert(state.begin() + 70, make_leaf("model", "big.1", DType::kFloat32, {300, 700}, 5));
+  state.push_back(make_leaf("tx", "count", DType::kInt64, {}, 6));
+  for (int i = 0; i < 30; ++i) state.push_back(make_leaf("tx", "mu." + std::to_string(100 + i), DType::kUInt8, {i * 13 + 1}, 7 + i));
+  ASSERT_TRUE(m->save(1, views(state)).value().wait().ok());
+  auto index = m->read_index(1);
+  ASSERT_TRUE(index.ok()) << index.status().to_string();
+  const uint64_t align = std::max<uint64_t>(base_->read_alignment(), 1);
+  const ArenaLayout layout = restore_arena_layout(*index, align);
+  std::vector<const LeafRecord*> leaves;
+  for (const PrefixRecord& p : index->prefixes)
+    for (const LeafRecord& l : p.leaves) leaves.push_back(&l);
+  ASSERT_EQ(layout.offsets.size(), leaves.size());
+  EXPECT_EQ(layout.alignment % 64, 0u);
+  EXPECT_EQ(layout.alignment % align, 0u);
+  size_t adjacent = 0;
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const ShardRecord& r = leaves[i]->shards.at(0);
+    EXPECT_EQ(layout.offsets[i] % align, r.offset % align) << leaves[i]->path;
+    EXPECT_LE(layout.offsets[i] + leaves[i]->num_bytes(), layout.bytes);
+    if (i == 0) continue;
+    EXPECT_GE(layout.offsets[i], layout.offsets[i - 1] + leaves[i - 1]->num_bytes()) << "overlap at " << leaves[i]->path;
+    const ShardRecord& b = leaves[i - 1]->shards.at(0);
+    if (b.file == r.file && r.offset == b.offset + b.length) {
+      EXPECT_EQ(layout.offsets[i], layout.offsets[i - 1] + b.length) << leaves[i]->path;
+      ++adjacent;
+    }
+  }
+  EXPECT_GT(adjacent, leaves.size() / 2) << "the save packed too few leaves for this test to mean much";
+
+  std::vector<std::byte> arena(layout.bytes + 2 * layout.alignment, std::byte{0xA5});
+  const size_t lead = (layout.alignment - reinterpret_cast<uintptr_t>(arena.data()) % layout.alignment) % layout.alignment;
+  std::byte* base = arena.data() + lead;
+  std::vector<bool> inside(arena.size(), false);
+  RestoreOptions o;
+  size_t i = 0;
+  for (const PrefixRecord& p : index->prefixes)
+    for (const LeafRecord& l : p.leaves) {
+      o.into.push_back({p.name, l.path, base + layout.offsets[i], l.num_bytes()});
+      std::fill_n(inside.begin() + lead + layout.offsets[i], l.num_bytes(), true);
+      ++i;
+    }
+  auto r = m->restore(1, o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  expect_restored(*r, state);
+  for (size_t k = 0; k < leaves.size(); ++k) EXPECT_EQ(r->leaves[k].data.data(), base + layout.offsets[k]);
+  size_t touched = 0;
+  for (size_t k = 0; k < arena.size(); ++k)
+    if (!inside[k] && arena[k] != std::byte{0xA5}) ++touched;
+  EXPECT_EQ(touched, 0u) << "bytes written outside the leaves";
+}
+
 TEST_P(ManagerTest, StepFormatFollowsOption) {
   auto m = manager({.step_format = "{step}"});
   auto state = sample_state(15);

@@ -260,6 +260,25 @@ struct RestoredState {
   std::vector<SkippedStep> skipped;
 };
 
+// Where to place the leaves of a saved step in one arena of caller memory
+// so that restore(step, {.into = ...}) reads straight into them: a leaf
+// whose shard follows the previous leaf's shard in the same file with no
+// gap follows it in the arena with no gap (small leaves are then read
+// several at a time, one request, no copy); any other leaf starts at the
+// next address that agrees with its shard's file offset modulo
+// `read_alignment` (Storage::read_alignment(): direct I/O lands in it), or,
+// held in several shards, at the next multiple of 64. A leaf's address thus
+// agrees with its file offset whichever rule placed it (and so is as
+// aligned for its dtype as the saved bytes are).
+struct ArenaLayout {
+  uint64_t bytes = 0;      // the arena's size
+  uint64_t alignment = 1;  // its start must be a multiple of this
+  // Per leaf, in index order (every prefix's leaves in turn): its offset in
+  // the arena; it occupies num_bytes() bytes from there.
+  std::vector<uint64_t> offsets;
+};
+ArenaLayout restore_arena_layout(const Index& index, uint64_t read_alignment);
+
 // A step directory seen by discovery, committed or not (for `ckptio ls`).
 struct StepInfo {
   int64_t step = 0;

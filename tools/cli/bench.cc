@@ -145,45 +145,48 @@ std::string make_temp_dir() {
   return tmpl;
 }
 
-// Destination arrays for restore-into: one arena, each leaf placed so that
-// its address agrees with its shard's file offset modulo the backend's read
-// alignment (what a caller who wants zero-copy reads does).
+// Destination arrays for restore-into: one arena laid out by
+// restore_arena_layout (what a caller who wants zero-copy reads does: each
+// leaf's address agrees with its shard's file offset modulo the backend's
+// read alignment, and leaves saved next to each other lie next to each
+// other, so that small ones are read several at a time without a copy).
 struct Destinations {
   Buffer arena;
-  std::vector<std::byte*> data;  // per layout leaf
-  std::vector<uint64_t> phase;   // per layout leaf
+  std::vector<std::byte*> data;   // per layout leaf
+  std::vector<uint64_t> offsets;  // per layout leaf, in the arena
   double first_touch_seconds = 0;
 };
 
-// Phases (file offset mod align) of every layout leaf in a step; empty when
-// a leaf is not a single shard.
-std::vector<uint64_t> leaf_phases(const Index& index, const synth::Layout& layout, uint64_t align) {
+// Where every layout leaf goes in the arena for `index`; {} if the index
+// lacks one of them (then make_destinations packs them as the layout lists them).
+std::pair<std::vector<uint64_t>, uint64_t> arena_offsets(const Index& index, const synth::Layout& layout,
+                                                         uint64_t align) {
+  const ArenaLayout arena = restore_arena_layout(index, align);
   std::map<std::string, uint64_t> at;
+  size_t i = 0;
   for (const PrefixRecord& p : index.prefixes)
-    for (const LeafRecord& l : p.leaves)
-      if (l.shards.size() == 1) at[p.name + "/" + l.path] = l.shards[0].offset % align;
+    for (const LeafRecord& l : p.leaves) at[p.name + "/" + l.path] = arena.offsets[i++];
   std::vector<uint64_t> out;
   for (const synth::SynthLeaf& l : layout.leaves) {
     auto it = at.find(l.name());
     if (it == at.end()) return {};
     out.push_back(it->second);
   }
-  return out;
+  return {out, arena.bytes};
 }
 
-Destinations make_destinations(const synth::Layout& layout, const std::vector<uint64_t>& phase,
+Destinations make_destinations(const synth::Layout& layout, std::vector<uint64_t> offsets, uint64_t size,
                                uint64_t align) {
   Destinations d;
-  d.phase = phase;
-  std::vector<uint64_t> offsets;
-  uint64_t size = 0;
-  for (size_t i = 0; i < layout.leaves.size(); ++i) {
-    const uint64_t want = phase.empty() ? 0 : phase[i];
-    size = (size + 63) / 64 * 64;
-    size += (want - size) & (align - 1);
-    offsets.push_back(size);
-    size += layout.leaves[i].bytes;
+  if (offsets.empty()) {
+    size = 0;
+    for (size_t i = 0; i < layout.leaves.size(); ++i) {
+      size = (size + 63) / 64 * 64;
+      offsets.push_back(size);
+      size += layout.leaves[i].bytes;
+    }
   }
+  d.offsets = offsets;
   constexpr uint64_t kHuge = 2ull << 20;
   d.arena = Buffer::allocate(std::max<uint64_t>(size, 1), std::max<uint64_t>(align, kHuge));
 #ifdef MADV_HUGEPAGE
@@ -374,11 +377,11 @@ int run_bench(const GlobalOptions& g, const BenchCmd& o) {
   for (Run& run : runs) {
     auto index = m->read_index(run.step);
     if (!index.ok()) fail_status(index.status(), "read step " + std::to_string(run.step));
-    const std::vector<uint64_t> phase = leaf_phases(*index, layout, align);
-    if (!dst || dst->phase != phase) {
+    auto [offsets, size] = arena_offsets(*index, layout, align);
+    if (!dst || offsets.empty() || dst->offsets != offsets) {
       dst.reset();
       Progress p("allocating restore destinations", 0);
-      dst = make_destinations(layout, phase, align);
+      dst = make_destinations(layout, std::move(offsets), size, align);
     }
     // The memcpy baseline: the state into warm memory, one thread, the
     // median of three (this machine is shared; one copy can be slowed by a

@@ -361,7 +361,9 @@ METHOD = """## How this is measured
   "Best fio" is the better of the two modes' medians, per direction.
 - **ckptio** (`ckptio bench --json`, one process per repetition): one untimed warm-up save, then
   save = `save()` to commit (data fsynced, index written, directory renamed), stall = time `save()`
-  blocked the caller, restore into warm buffers (`RestoreOptions::into`, the like-for-like figure
+  blocked the caller, restore into warm buffers (`RestoreOptions::into`, one arena laid out by
+  `restore_arena_layout`: leaves saved side by side lie side by side, others at their file offset
+  modulo 4096, as a caller who wants reads without a copy lays them out; the like-for-like figure
   beside fio, which reads into its own buffers) and into fresh memory (the default API path, which
   also pays this VM's first-touch cost of every page; the like-for-like figure beside zarr and numpy,
   which allocate their arrays). Checksums verified, every byte compared with the generator. Copy

@@ -85,8 +85,10 @@ struct CheckpointManager::Impl {
   // parse or is missing from a directory holding data (POSIX) are skipped
   // with a warning (an error when strict).
   Result<std::vector<int64_t>> committed_steps(bool parse, bool newest_only);
-  // Restores the step `index` describes (restore() after choosing it).
-  Result<RestoredState> restore_index(const Index& index, const RestoreOptions& options);
+  // Restores the step `index` describes (restore() after choosing it). Once
+  // the data is read, the selected leaves' paths and shapes are moved out of
+  // `index` into the result (no copy per leaf): the caller discards it.
+  Result<RestoredState> restore_index(Index& index, const RestoreOptions& options);
 };
 
 }  // namespace ckptio

@@ -282,7 +282,7 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
   return data_loss("restore-latest: every committed step at " + storage_->describe() + " is damaged" + all);
 }
 
-Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
+Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
                                                             const RestoreOptions& options) {
   const auto t0 = Clock::now();
   Storage& storage = owner->storage();
@@ -366,10 +366,8 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
   has_destination.reserve(selected.size());
   for (const auto& [prefix, leaf] : selected) {
     Tensor t;
-    t.prefix = prefix;
-    t.path = leaf->path;
+    t.prefix = prefix;  // path and shape: moved from the index once the data is in
     t.dtype = leaf->dtype;
-    t.shape = leaf->shape;
     const size_t item = dtype_size(leaf->dtype);
     const RestoreOptions::Destination* dest =
         in_order ? &into[out.leaves.size()] : destination(prefix, leaf->path);
@@ -509,7 +507,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
     };
     auto scatter = [&](ShardTask& t, const std::byte* from) {
       Tensor& leaf = out.leaves[t.leaf];
-      scatter_box(from, t.rec->box, leaf.shape, dtype_size(leaf.dtype), leaf.data.data());
+      scatter_box(from, t.rec->box, t.leaf_rec->shape, dtype_size(leaf.dtype), leaf.data.data());
     };
     for (size_t p = begin; p < end; ++p) {
       if (pieces[p].group >= 0) {  // checksum each member (in the scratch: copy it out)
@@ -653,6 +651,12 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(const Index& index,
   for (auto& f : reading) (void)f.get();  // never leave a read writing into freed memory
   CKPTIO_RETURN_IF_ERROR(first);
   out.stats.read_seconds = std::chrono::duration<double>(Clock::now() - t_reads).count();
+  // The index is ours to take apart now (`selected` points into it).
+  for (size_t i = 0; i < out.leaves.size(); ++i) {
+    LeafRecord& leaf = const_cast<LeafRecord&>(*selected[i].second);
+    out.leaves[i].path = std::move(leaf.path);
+    out.leaves[i].shape = std::move(leaf.shape);
+  }
 
   // Casts: to the template's dtypes (allow_cast) or to float_dtype.
   std::map<std::string, DType> want;

@@ -682,14 +682,21 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
   bool told = false;
   if (!job.group)
     checked = std::async(std::launch::async, [&, known = checksums_known.get_future()]() mutable -> Status {
-      BuiltIndex b = build_index(job);
-      if (!known.get()) return internal_error("index not needed: the data writes failed");
-      for (size_t k = 0; k < crcs.size(); ++k) *b.crc_of[k] = crcs[k];
-      b.index.committed_unix_ns = unix_ns_now();
-      json = serialize_index(b.index);
-      text_ready.set_value();
-      auto check = parse_index(json);
-      return check.ok() ? Status::OK() : check.status().annotate("internal: serialized index fails to parse");
+      bool ready = false;
+      try {
+        BuiltIndex b = build_index(job);
+        if (!known.get()) return internal_error("index not needed: the data writes failed");
+        for (size_t k = 0; k < crcs.size(); ++k) *b.crc_of[k] = crcs[k];
+        b.index.committed_unix_ns = unix_ns_now();
+        json = serialize_index(b.index);
+        text_ready.set_value();
+        ready = true;
+        auto check = parse_index(json);
+        return check.ok() ? Status::OK() : check.status().annotate("internal: serialized index fails to parse");
+      } catch (...) {  // (out of memory) the worker must not wait for a text that never comes
+        if (!ready) text_ready.set_exception(std::current_exception());
+        throw;
+      }
     });
   auto tell = [&](bool known) {
     if (!checked.valid() || std::exchange(told, true)) return;

@@ -352,7 +352,9 @@ def curl_parallel(env, total_bytes, n=8):
         path = "/%s/%s%s" % (env["bucket"], prefix, key)
         h = s3lib.sign_v4(method, u.netloc, path, None, {}, s3lib.UNSIGNED_PAYLOAD,
                           env["access_key"], env["secret_key"], env["region"])
-        c = ["curl", "-sS", "-f", "-o", "/dev/null", "-X", method]
+        # A stalled server fails the run in a minute instead of hanging it
+        # (s3rver once stopped answering 8 GETs mid-body).
+        c = ["curl", "-sS", "-f", "-o", "/dev/null", "--speed-limit", "100000", "--speed-time", "60", "-X", method]
         for k, v in h.items():
             c += ["-H", "%s: %s" % (k, v)]
         return c + extra + [env["endpoint"] + s3lib.uri_encode(path, True)]

@@ -267,9 +267,9 @@ struct RestoredState {
 // several at a time, one request, no copy); any other leaf starts at the
 // next address that agrees with its shard's file offset modulo
 // `read_alignment` (Storage::read_alignment(): direct I/O lands in it), or,
-// held in several shards, at the next multiple of 64. A leaf's address thus
-// agrees with its file offset whichever rule placed it (and so is as
-// aligned for its dtype as the saved bytes are).
+// held in several shards, at the next multiple of 64. A one-shard leaf's
+// address thus agrees with its file offset whichever rule placed it (and so
+// is as aligned for its dtype as the saved bytes are).
 struct ArenaLayout {
   uint64_t bytes = 0;      // the arena's size
   uint64_t alignment = 1;  // its start must be a multiple of this

@@ -257,18 +257,59 @@ std::optional<Problem> check_leaf(const LeafRecord& l, bool partial, uint64_t* t
   return std::nullopt;
 }
 
-// The leaves of one prefix: unique paths.
+// The leaves of one prefix: unique paths. The first duplicate in order is
+// reported, with the first leaf of that path. Many leaves are checked by two
+// threads: both hash half the paths, then each looks for duplicates among
+// the paths of one half of the hash space (equal paths hash alike, so each
+// duplicate is found by exactly one of them); the earlier find wins, which is
+// what one thread would have reported.
 std::optional<Problem> check_leaf_paths(const std::vector<LeafRecord>& leaves) {
-  PositionTable seen(leaves.size());
-  for (size_t i = 0; i < leaves.size(); ++i) {
-    const std::string_view path = leaves[i].path;
-    size_t& slot = seen.slot(hash_names(path), [&](size_t j) { return leaves[j].path == path; });
-    if (slot != 0)
-      return Problem{"[" + std::to_string(i) + "].path", "duplicate leaf path " + quote_name(path) +
-                                                             " (also at [" + std::to_string(slot - 1) + "])"};
-    slot = i + 1;
+  constexpr size_t kTwoThreads = 32768;
+  const size_t n = leaves.size();
+  std::vector<size_t> hashes(n);
+  auto hash_range = [&](size_t from, size_t to) {
+    for (size_t i = from; i < to; ++i) hashes[i] = hash_names(leaves[i].path);
+  };
+  // First i whose path came before (and where), among hashes with `part`.
+  struct Found { size_t i = SIZE_MAX, j = 0; };
+  auto scan = [&](int parts, int part) {
+    PositionTable seen(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (parts == 2 && static_cast<int>(hashes[i] >> 63) != part) continue;
+      const std::string_view path = leaves[i].path;
+      size_t& slot = seen.slot(hashes[i], [&](size_t j) { return hashes[j] == hashes[i] && leaves[j].path == path; });
+      if (slot != 0) return Found{i, slot - 1};
+      slot = i + 1;
+    }
+    return Found{};
+  };
+  Found found;
+  std::future<void> hashed;
+  std::future<Found> other;
+  if (n >= kTwoThreads) {
+    try {
+      hashed = std::async(std::launch::async, hash_range, n / 2, n);
+    } catch (const std::system_error&) {
+    }
   }
-  return std::nullopt;
+  hash_range(0, hashed.valid() ? n / 2 : n);
+  if (hashed.valid()) {
+    hashed.get();
+    try {
+      other = std::async(std::launch::async, scan, 2, 1);
+    } catch (const std::system_error&) {
+    }
+  }
+  if (other.valid()) {
+    found = scan(2, 0);
+    const Found second = other.get();
+    if (second.i < found.i) found = second;
+  } else {
+    found = scan(1, 0);
+  }
+  if (found.i == SIZE_MAX) return std::nullopt;
+  return Problem{"[" + std::to_string(found.i) + "].path", "duplicate leaf path " + quote_name(leaves[found.i].path) +
+                                                               " (also at [" + std::to_string(found.j) + "])"};
 }
 
 // Shard -> file references, and every shard inside its file. The location

@@ -465,6 +465,31 @@ TEST(IndexReaders, ASplitReadGivesTheOneThreadResult) {
   EXPECT_TRUE(*parsed == alone);
 }
 
+// Many leaves are checked for duplicate paths by two threads, each over
+// half of the hash space: the first duplicate in order is still the one
+// reported, with the first leaf of its path, wherever the two fall.
+TEST(IndexReject, DuplicateLeafPathAmongManyIsTheFirst) {
+  Builder b;
+  for (int i = 0; i < 40000; ++i)
+    b.leaf("model", "params.layers." + std::to_string(i) + ".kernel", DType::kFloat32, {2}, grid({2}, {1}),
+           "data-0123456789abcdef-0.bin");
+  const Index base = b.build();
+  for (int k = 0; k < 12; ++k) {
+    Index x = base;
+    auto& leaves = x.prefixes[0].leaves;
+    const size_t first = 20000 + 97 * k, second = 30000 + 13 * k;
+    leaves[second].path = leaves[k].path;          // a later duplicate of leaf k
+    leaves[first].path = leaves[100 + k].path;     // the first duplicate in order
+    auto parsed = parse_index(serialize_index(x));
+    ASSERT_FALSE(parsed.ok());
+    EXPECT_NE(parsed.status().message().find("prefixes.model[" + std::to_string(first) +
+                                             "].path: duplicate leaf path \"" + leaves[first].path +
+                                             "\" (also at [" + std::to_string(100 + k) + "])"),
+              std::string::npos)
+        << parsed.status().to_string();
+  }
+}
+
 TEST(IndexFormat, GoldenText) {
   Index x = Builder().leaf("model", "w", DType::kBFloat16, {2, 2}, grid({2, 2}, {2, 1})).prefix("tx").build();
   x.metadata_json = R"({"a":1})";

@@ -46,6 +46,8 @@ namespace {
 
 constexpr uint64_t kPieceBytes = 64ull << 20;
 constexpr uint64_t kBatchBytes = 256ull << 20;
+// Leaves in the first chunk of a restore's plan (then doubling; restore_index).
+constexpr size_t kFirstChunkLeaves = 1024;
 
 using Clock = std::chrono::steady_clock;
 
@@ -326,7 +328,12 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
     return out;
   }
 
-  // Allocate the leaves and plan one task per shard.
+  // Plan and read, in chunks of leaves: the reads of the first chunk start
+  // as soon as it is planned, and the rest is planned while they are in
+  // flight (a state of 100,000 small leaves spends ~30 ms planning, which
+  // otherwise the device would wait for). Chunks double from
+  // kFirstChunkLeaves leaves and end at kBatchBytes of payload; a batch never
+  // spans two chunks, nor does a group of small shards.
   const std::string dir = naming.name(the_step);
   const uint64_t align = std::max<uint64_t>(storage.read_alignment(), 1);
   RestoredState out;
@@ -345,13 +352,20 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
     destinations.slot(hash_names(into[i].prefix, into[i].path), [&](size_t j) {
       return into[j].path == into[i].path && into[j].prefix == into[i].prefix;
     }) = i + 1;
-  auto destination = [&](const std::string& prefix, const std::string& path) -> const RestoreOptions::Destination* {
-    if (into.empty()) return nullptr;
-    const size_t slot = destinations.slot(hash_names(prefix, path), [&](size_t j) {
-      return into[j].path == path && into[j].prefix == prefix;
+  // Each leaf's destination, checked before any read.
+  std::vector<const RestoreOptions::Destination*> dests(into.empty() ? 0 : selected.size());
+  for (size_t i = 0; i < dests.size(); ++i) {
+    const auto& [prefix, leaf] = selected[i];
+    const size_t slot = in_order ? i + 1 : destinations.slot(hash_names(prefix, leaf->path), [&](size_t j) {
+      return into[j].path == leaf->path && into[j].prefix == prefix;
     });
-    return slot ? &into[slot - 1] : nullptr;
-  };
+    if (!slot) continue;
+    dests[i] = &into[slot - 1];
+    if (dests[i]->size != leaf->num_bytes())
+      return invalid_argument("restore destination for " + leaf_name(prefix, *leaf) + " holds " +
+                              std::to_string(dests[i]->size) + " bytes, the leaf has " +
+                              std::to_string(leaf->num_bytes()));
+  }
   // One key string per data file, shared by its shards' tasks.
   std::map<std::string, std::pair<std::string, size_t>, std::less<>> file_keys;
   for (const DataFileRecord& f : index.files) file_keys.try_emplace(f.name, dir + "/" + f.name, file_keys.size());
@@ -364,136 +378,164 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
   std::vector<bool> allocate_later, has_destination;
   allocate_later.reserve(selected.size());
   has_destination.reserve(selected.size());
-  for (const auto& [prefix, leaf] : selected) {
-    Tensor t;
-    t.prefix = prefix;  // path and shape: moved from the index once the data is in
-    t.dtype = leaf->dtype;
-    const size_t item = dtype_size(leaf->dtype);
-    const RestoreOptions::Destination* dest =
-        in_order ? &into[out.leaves.size()] : destination(prefix, leaf->path);
-    if (dest) {
-      if (dest->size != leaf->num_bytes())
-        return invalid_argument("restore destination for " + leaf_name(prefix, *leaf) + " holds " +
-                                std::to_string(dest->size) + " bytes, the leaf has " +
-                                std::to_string(leaf->num_bytes()));
-      t.data = Buffer::wrap(dest->data, dest->size);
-    }
-    allocate_later.push_back(dest == nullptr);
-    has_destination.push_back(dest != nullptr);
-    for (size_t i = 0; i < leaf->shards.size(); ++i) {
-      const ShardRecord& rec = leaf->shards[i];
-      ShardTask task;
-      task.prefix = &prefix;
-      task.leaf_rec = leaf;
-      task.shard = i;
-      if (file == file_keys.end() || file->first != rec.file) file = file_keys.find(rec.file);
-      if (file == file_keys.end())  // the index reader checks every reference
-        return internal_error("shard of " + leaf_name(prefix, *leaf) + " names unlisted file " + rec.file);
-      task.key = &file->second.first;
-      task.file = file->second.second;
-      task.rec = &rec;
-      task.leaf = out.leaves.size();
-      uint64_t elem = 0;
-      if (box_is_contiguous(rec.box, leaf->shape, &elem)) {
-        task.at = elem * item;
-        if (dest) task.bytes = t.data.data() + task.at;
-      } else {
-        task.scatter = true;  // its temporary comes with its first read (launch, below)
-      }
-      tasks.push_back(std::move(task));
-    }
-    out.leaves.push_back(std::move(t));
-    out.stats.bytes_needed += leaf->num_bytes();
-  }
-
-  // Group small shards by file position.
   std::vector<Group> groups;
-  std::vector<int64_t> group_of(tasks.size(), -1);
-  {
-    std::vector<size_t> order;
-    for (size_t i = 0; i < tasks.size(); ++i)
-      if (tasks[i].rec->length > 0 && tasks[i].rec->length <= kSmallShard) order.push_back(i);
-    auto by_position = [&](size_t a, size_t b) {
-      return std::tie(tasks[a].file, tasks[a].rec->offset) < std::tie(tasks[b].file, tasks[b].rec->offset);
-    };
-    if (!std::is_sorted(order.begin(), order.end(), by_position))  // usually they are: saved in this order
-      std::sort(order.begin(), order.end(), by_position);
-    Group g;
-    auto close = [&] {
-      if (g.tasks.size() >= 2) {
-        for (size_t t : g.tasks) group_of[t] = static_cast<int64_t>(groups.size());
-        groups.push_back(std::move(g));
+  std::vector<Piece> pieces;
+  std::vector<std::pair<size_t, size_t>> batches;  // of pieces, in order
+  size_t next_leaf = 0;                            // the first leaf not yet planned
+  size_t chunk_leaves = kFirstChunkLeaves;
+
+  // Plans the next chunk: one task per shard, groups of small shards, the
+  // allocation of the leaves, pieces and batches.
+  auto plan_chunk = [&]() -> Status {
+    const size_t leaf_begin = next_leaf, task_begin = tasks.size(), group_begin = groups.size(),
+                 piece_begin = pieces.size();
+    uint64_t chunk_bytes = 0;
+    for (; next_leaf < selected.size() && next_leaf - leaf_begin < chunk_leaves && chunk_bytes < kBatchBytes;
+         ++next_leaf) {
+      const auto& [prefix, leaf] = selected[next_leaf];
+      Tensor t;
+      t.prefix = prefix;  // path and shape: moved from the index once the data is in
+      t.dtype = leaf->dtype;
+      const size_t item = dtype_size(leaf->dtype);
+      const RestoreOptions::Destination* dest = dests.empty() ? nullptr : dests[next_leaf];
+      if (dest) t.data = Buffer::wrap(dest->data, dest->size);
+      allocate_later.push_back(dest == nullptr);
+      has_destination.push_back(dest != nullptr);
+      for (size_t i = 0; i < leaf->shards.size(); ++i) {
+        const ShardRecord& rec = leaf->shards[i];
+        ShardTask task;
+        task.prefix = &prefix;
+        task.leaf_rec = leaf;
+        task.shard = i;
+        if (file == file_keys.end() || file->first != rec.file) file = file_keys.find(rec.file);
+        if (file == file_keys.end())  // the index reader checks every reference
+          return internal_error("shard of " + leaf_name(prefix, *leaf) + " names unlisted file " + rec.file);
+        task.key = &file->second.first;
+        task.file = file->second.second;
+        task.rec = &rec;
+        task.leaf = out.leaves.size();
+        uint64_t elem = 0;
+        if (box_is_contiguous(rec.box, leaf->shape, &elem)) {
+          task.at = elem * item;
+          if (dest) task.bytes = t.data.data() + task.at;
+        } else {
+          task.scatter = true;  // its temporary comes with its first read (launch, below)
+        }
+        tasks.push_back(std::move(task));
       }
-      g = Group{};
-    };
-    for (size_t i : order) {
-      const ShardRecord& r = *tasks[i].rec;
-      const bool fits = !g.tasks.empty() && tasks[i].key == g.key && r.offset >= g.offset + g.length &&
-                        r.offset <= g.offset + g.length + kGroupGap &&
-                        r.offset + r.length - g.offset <= kGroupMax;
-      if (!fits) {
-        close();
-        g.key = tasks[i].key;
-        g.offset = r.offset;
-      }
-      g.tasks.push_back(i);
-      g.length = r.offset + r.length - g.offset;
+      out.leaves.push_back(std::move(t));
+      out.stats.bytes_needed += leaf->num_bytes();
+      chunk_bytes += leaf->num_bytes();
     }
-    close();
-  }
-  // Direct groups, and the allocation of the leaves left. A group is direct
-  // when every member is a whole leaf restore allocates (one allocation for
-  // the group, placed so that its address agrees with the group's file
-  // offset modulo the read alignment, as a leaf's own would be; each leaf a
-  // slice of it, so the group's memory is freed with its last leaf), or when
-  // every member's destination follows the one before exactly as its shard
-  // follows in the file (no gap: the caller's bytes only).
-  for (Group& g : groups) {
-    bool ours = true, theirs = true;
-    for (size_t k = 0; k < g.tasks.size() && (ours || theirs); ++k) {
-      const ShardTask& t = tasks[g.tasks[k]];
-      const bool later = allocate_later[t.leaf];
-      ours = ours && later && t.leaf_rec->shards.size() == 1;
-      if (k == 0) {
-        theirs = theirs && !later && !t.scatter;
+    chunk_leaves *= 2;
+
+    // Group small shards by file position.
+    std::vector<int64_t> group_of(tasks.size() - task_begin, -1);  // per task of the chunk
+    {
+      std::vector<size_t> order;
+      for (size_t i = task_begin; i < tasks.size(); ++i)
+        if (tasks[i].rec->length > 0 && tasks[i].rec->length <= kSmallShard) order.push_back(i);
+      auto by_position = [&](size_t a, size_t b) {
+        return std::tie(tasks[a].file, tasks[a].rec->offset) < std::tie(tasks[b].file, tasks[b].rec->offset);
+      };
+      if (!std::is_sorted(order.begin(), order.end(), by_position))  // usually they are: saved in this order
+        std::sort(order.begin(), order.end(), by_position);
+      Group g;
+      auto close = [&] {
+        if (g.tasks.size() >= 2) {
+          for (size_t t : g.tasks) group_of[t - task_begin] = static_cast<int64_t>(groups.size());
+          groups.push_back(std::move(g));
+        }
+        g = Group{};
+      };
+      for (size_t i : order) {
+        const ShardRecord& r = *tasks[i].rec;
+        const bool fits = !g.tasks.empty() && tasks[i].key == g.key && r.offset >= g.offset + g.length &&
+                          r.offset <= g.offset + g.length + kGroupGap &&
+                          r.offset + r.length - g.offset <= kGroupMax;
+        if (!fits) {
+          close();
+          g.key = tasks[i].key;
+          g.offset = r.offset;
+        }
+        g.tasks.push_back(i);
+        g.length = r.offset + r.length - g.offset;
+      }
+      close();
+    }
+    // Direct groups, and the allocation of the leaves left. A group is
+    // direct when every member is a whole leaf restore allocates (one
+    // allocation for the group, placed so that its address agrees with the
+    // group's file offset modulo the read alignment, as a leaf's own would
+    // be; each leaf a slice of it, so the group's memory is freed with its
+    // last leaf), or when every member's destination follows the one before
+    // exactly as its shard follows in the file (no gap: the caller's bytes
+    // only).
+    for (size_t gi = group_begin; gi < groups.size(); ++gi) {
+      Group& g = groups[gi];
+      bool ours = true, theirs = true;
+      for (size_t k = 0; k < g.tasks.size() && (ours || theirs); ++k) {
+        const ShardTask& t = tasks[g.tasks[k]];
+        const bool later = allocate_later[t.leaf];
+        ours = ours && later && t.leaf_rec->shards.size() == 1;
+        if (k == 0) {
+          theirs = theirs && !later && !t.scatter;
+          continue;
+        }
+        const ShardTask& before = tasks[g.tasks[k - 1]];
+        theirs = theirs && !later && !t.scatter && t.rec->offset == before.rec->offset + before.rec->length &&
+                 t.bytes == before.bytes + before.rec->length;
+      }
+      if (ours) {
+        g.direct = true;
+        g.slab = Buffer::allocate(g.length, std::max<uint64_t>(align, 64), g.offset % align);
+        g.bytes = g.slab.data();
+        for (size_t ti : g.tasks) {
+          ShardTask& t = tasks[ti];
+          out.leaves[t.leaf].data = g.slab.slice(t.rec->offset - g.offset, t.rec->length);
+          allocate_later[t.leaf] = false;
+        }
+      } else if (theirs) {
+        g.direct = true;
+        g.bytes = tasks[g.tasks.front()].bytes;
+      }
+    }
+    for (size_t i = leaf_begin; i < next_leaf; ++i) {
+      if (!allocate_later[i]) continue;
+      const LeafRecord& leaf = *selected[i].second;
+      const uint64_t phase = leaf.shards.size() == 1 ? leaf.shards[0].offset % align : 0;
+      out.leaves[i].data = Buffer::allocate(leaf.num_bytes(), std::max<uint64_t>(align, 64), phase);
+    }
+    for (size_t i = task_begin; i < tasks.size(); ++i) {
+      ShardTask& t = tasks[i];
+      if (!t.scatter && !t.bytes) t.bytes = out.leaves[t.leaf].data.data() + t.at;
+      const int64_t gi = group_of[i - task_begin];
+      if (gi >= 0) {
+        if (groups[gi].tasks.front() == i) pieces.push_back(Piece{i, 0, groups[gi].length, gi});
         continue;
       }
-      const ShardTask& before = tasks[g.tasks[k - 1]];
-      theirs = theirs && !later && !t.scatter && t.rec->offset == before.rec->offset + before.rec->length &&
-               t.bytes == before.bytes + before.rec->length;
+      for (uint64_t at = 0; at < t.rec->length; at += kPieceBytes)
+        pieces.push_back(Piece{i, at, std::min(kPieceBytes, t.rec->length - at)});
     }
-    if (ours) {
-      g.direct = true;
-      g.slab = Buffer::allocate(g.length, std::max<uint64_t>(align, 64), g.offset % align);
-      g.bytes = g.slab.data();
-      for (size_t ti : g.tasks) {
-        ShardTask& t = tasks[ti];
-        out.leaves[t.leaf].data = g.slab.slice(t.rec->offset - g.offset, t.rec->length);
-        allocate_later[t.leaf] = false;
+    for (size_t begin = piece_begin; begin < pieces.size();) {
+      size_t end = begin;
+      uint64_t bytes = 0;
+      uint64_t scratch = 0;
+      while (end < pieces.size()) {
+        const int64_t gi = pieces[end].group;
+        const uint64_t s = gi >= 0 && !groups[gi].direct ? pieces[end].len + align - 1 : 0;
+        if (end > begin && (bytes + pieces[end].len > kBatchBytes || scratch + s > kScratchPerBatch)) break;
+        bytes += pieces[end].len;
+        scratch += s;
+        ++end;
       }
-    } else if (theirs) {
-      g.direct = true;
-      g.bytes = tasks[g.tasks.front()].bytes;
+      batches.emplace_back(begin, end);
+      out.stats.bytes_read += bytes;
+      out.stats.requests += end - begin;
+      begin = end;
     }
-  }
-  for (size_t i = 0; i < out.leaves.size(); ++i) {
-    if (!allocate_later[i]) continue;
-    const LeafRecord& leaf = *selected[i].second;
-    const uint64_t phase = leaf.shards.size() == 1 ? leaf.shards[0].offset % align : 0;
-    out.leaves[i].data = Buffer::allocate(leaf.num_bytes(), std::max<uint64_t>(align, 64), phase);
-  }
-  for (ShardTask& t : tasks)
-    if (!t.scatter && !t.bytes) t.bytes = out.leaves[t.leaf].data.data() + t.at;
-  std::vector<Piece> pieces;
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    if (group_of[i] >= 0) {
-      if (groups[group_of[i]].tasks.front() == i)
-        pieces.push_back(Piece{i, 0, groups[group_of[i]].length, group_of[i]});
-      continue;
-    }
-    for (uint64_t at = 0; at < tasks[i].rec->length; at += kPieceBytes)
-      pieces.push_back(Piece{i, at, std::min(kPieceBytes, tasks[i].rec->length - at)});
-  }
+    return Status::OK();
+  };
 
   // Checksums a batch of pieces, in order; completes shards at their end,
   // scattering a non-contiguous shard into its leaf and freeing its
@@ -535,23 +577,11 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
     }
     return Status::OK();
   };
-  auto read_batch = [&](size_t begin, size_t end) -> Status {
-    std::vector<ReadRequest> reqs;
-    for (size_t p = begin; p < end; ++p) {
-      if (pieces[p].group >= 0) {
-        const Group& g = groups[pieces[p].group];
-        reqs.push_back(ReadRequest{*g.key, g.offset, g.length, g.bytes});
-        continue;
-      }
-      const ShardTask& t = tasks[pieces[p].task];
-      reqs.push_back(ReadRequest{*t.key, t.rec->offset + pieces[p].at, pieces[p].len,
-                                 t.bytes + pieces[p].at});
-    }
-    Status st = storage.read(reqs);
-    if (st.ok()) return st;
-    // Name the shard: find the first request that fails on its own (for a
-    // group of small shards, the first member that does). The scratch
-    // buffers are reused: the batch failed, nothing of it is kept.
+  // After a batch's read failed (`st`): names the shard by reading the
+  // batch's requests one at a time (for a group of small shards, its
+  // members), on this thread. The scratch buffers are reused: the batch
+  // failed, nothing of it is kept.
+  auto name_failure = [&](size_t begin, size_t end, const std::vector<ReadRequest>& reqs, Status st) -> Status {
     const std::string of_step = " of step " + std::to_string(the_step);
     auto read_one = [&](const ShardTask& t, uint64_t at, uint64_t len, std::byte* dst) -> Status {
       ReadRequest r{*t.key, t.rec->offset + at, len, dst};
@@ -570,7 +600,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
       if (whole.ok()) continue;
       for (size_t ti : g.tasks) {
         const ShardTask& t = tasks[ti];
-        Status one = read_one(t, 0, t.rec->length, g.bytes + (t.rec->offset - g.offset));
+        Status one = read_one(t, 0, t.rec->length, reqs[p - begin].dst + (t.rec->offset - g.offset));
         if (!one.ok()) return one;
       }
       return data_read_error(whole, "restore the " + std::to_string(g.tasks.size()) + " small shards from " +
@@ -580,34 +610,21 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
     return st.annotate("restore step " + std::to_string(the_step));
   };
 
-  // Batches of pieces, in order.
-  std::vector<std::pair<size_t, size_t>> batches;
-  for (size_t begin = 0; begin < pieces.size();) {
-    size_t end = begin;
-    uint64_t bytes = 0;
-    uint64_t scratch = 0;
-    while (end < pieces.size()) {
-      const int64_t gi = pieces[end].group;
-      const uint64_t s = gi >= 0 && !groups[gi].direct ? pieces[end].len + align - 1 : 0;
-      if (end > begin && (bytes + pieces[end].len > kBatchBytes || scratch + s > kScratchPerBatch)) break;
-      bytes += pieces[end].len;
-      scratch += s;
-      ++end;
-    }
-    batches.emplace_back(begin, end);
-    out.stats.bytes_read += bytes;
-    out.stats.requests += end - begin;
-    begin = end;
-  }
   // Two batches are read at once, so the device never waits for one
-  // batch's last request before it sees the next; this thread checksums
-  // each batch, in order, as soon as it has landed.
+  // batch's last request before it sees the next; this thread plans ahead
+  // and checksums each batch, in order, as soon as it has landed. The
+  // reading threads see only their requests (built here, at launch): the
+  // plan's vectors grow on this thread meanwhile.
   constexpr size_t kBatchesInFlight = 2;
   // Batch i lays its groups out in arena i % kBatchesInFlight: batch i + 2 is
   // launched only after batch i has been verified. (Declared before
   // `reading`, whose futures wait for their reads as they are destroyed.)
   Buffer arenas[kBatchesInFlight];
-  std::deque<std::future<Status>> reading;
+  struct InFlight {
+    std::vector<ReadRequest> reqs;
+    std::future<Status> done;
+  };
+  std::deque<InFlight> reading;
   size_t launched = 0;
   auto launch = [&] {
     Buffer& arena = arenas[launched % kBatchesInFlight];
@@ -618,37 +635,51 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
     if (need > arena.size()) arena = Buffer::allocate(need, std::max<uint64_t>(align, 64));
     uint64_t pos = 0;  // arena offsets; the arena starts aligned
     // The groups' places in the arena, and temporaries of the non-contiguous
-    // shards whose first piece this batch reads (here, on this thread: a
-    // later batch may read their next pieces).
+    // shards whose first piece this batch reads (a later batch may read
+    // their next pieces).
+    InFlight f;
+    f.reqs.reserve(e - b);
     for (size_t p = b; p < e; ++p) {
       if (pieces[p].group >= 0) {  // at an address that agrees with its file offset
         Group& g = groups[pieces[p].group];
-        if (g.direct) continue;
-        pos += (g.offset % align + align - pos % align) % align;
-        g.bytes = arena.data() + pos;
-        pos += g.length;
+        if (!g.direct) {
+          pos += (g.offset % align + align - pos % align) % align;
+          g.bytes = arena.data() + pos;
+          pos += g.length;
+        }
+        f.reqs.push_back(ReadRequest{*g.key, g.offset, g.length, g.bytes});
         continue;
       }
-      if (pieces[p].at != 0) continue;
       ShardTask& t = tasks[pieces[p].task];
-      if (!t.scatter) continue;
-      t.temp = Buffer::allocate(t.rec->length, align, t.rec->offset % align);
-      t.bytes = t.temp.data();
+      if (pieces[p].at == 0 && t.scatter) {
+        t.temp = Buffer::allocate(t.rec->length, align, t.rec->offset % align);
+        t.bytes = t.temp.data();
+      }
+      f.reqs.push_back(ReadRequest{*t.key, t.rec->offset + pieces[p].at, pieces[p].len, t.bytes + pieces[p].at});
     }
-    reading.push_back(std::async(std::launch::async, read_batch, b, e));
+    f.done = std::async(std::launch::async, [&storage, reqs = std::span<const ReadRequest>(f.reqs)] {
+      return storage.read(reqs);
+    });
+    reading.push_back(std::move(f));
   };
+  Status first = plan_chunk();
   const auto t_reads = Clock::now();
-  out.stats.plan_seconds = std::chrono::duration<double>(t_reads - t0).count();
-  Status first;
-  for (size_t i = 0; i < batches.size(); ++i) {
-    while (launched < batches.size() && launched < i + kBatchesInFlight && first.ok()) launch();
-    Status st = reading.front().get();
+  out.stats.plan_seconds = std::chrono::duration<double>(t_reads - t0).count();  // what the reads wait for
+  size_t verified = 0;
+  while (first.ok()) {
+    while (launched < batches.size() && launched < verified + kBatchesInFlight) launch();
+    if (next_leaf < selected.size() && batches.size() - launched < kBatchesInFlight) {
+      first = plan_chunk();  // while the reads are in flight
+      continue;
+    }
+    if (verified == launched) break;  // all planned, read and verified
+    InFlight f = std::move(reading.front());
     reading.pop_front();
-    if (first.ok()) first = st;
-    if (first.ok()) first = verify_batch(batches[i].first, batches[i].second);
-    if (!first.ok()) break;
+    Status st = f.done.get();
+    const auto [b, e] = batches[verified++];
+    first = st.ok() ? verify_batch(b, e) : name_failure(b, e, f.reqs, std::move(st));
   }
-  for (auto& f : reading) (void)f.get();  // never leave a read writing into freed memory
+  for (auto& f : reading) (void)f.done.get();  // never leave a read writing into freed memory
   CKPTIO_RETURN_IF_ERROR(first);
   out.stats.read_seconds = std::chrono::duration<double>(Clock::now() - t_reads).count();
   // The index is ours to take apart now (`selected` points into it).

@@ -291,6 +291,52 @@ TEST_P(CorruptionTest, TruncatedDataFileIsNamedAndSkipped) {
   EXPECT_EQ(skipped.message(), msg);
 }
 
+// A restore of many small leaves plans them in chunks, the later ones while
+// the first are read (src/restore.cc): damage in a late chunk is still
+// named exactly, by its checksum and by a short read, and a repaired step
+// restores bit-exact.
+TEST_P(CorruptionTest, DamageAmongManySmallLeavesIsNamed) {
+  std::vector<OwnedLeaf> many;
+  for (int i = 0; i < 6000; ++i)
+    many.push_back(make_leaf("model", "leaf." + std::to_string(i), DType::kFloat32,
+                             {static_cast<int64_t>(1 + i % 97)}, 1000 + i));
+  ASSERT_TRUE(m_->save(3, views(many)).value().wait().ok());
+  auto idx = m_->read_index(3);
+  ASSERT_TRUE(idx.ok()) << idx.status().to_string();
+  const auto& leaves = idx->prefixes.at(0).leaves;
+  ASSERT_EQ(leaves.size(), many.size());
+  const std::string at = m_->storage().describe() + "/run-3/";
+  // The 5,901st leaf: in the third chunk (leaves 3,072 to 7,167).
+  const LeafRecord& hit = leaves.at(5900);
+  const ShardRecord& r = hit.shards.at(0);
+  flip_bit("run-3/" + r.file, r.offset + r.length / 2, 0x04);
+  auto restored = m_->restore(3);
+  ASSERT_FALSE(restored.ok());
+  EXPECT_EQ(restored.status().code(), Code::kDataLoss);
+  EXPECT_EQ(restored.status().message(),
+            "checksum mismatch in " + where("model/" + hit.path, r) + " of step 3 at " + at + r.file);
+  flip_bit("run-3/" + r.file, r.offset + r.length / 2, 0x04);  // repair
+  restored = m_->restore(3);
+  ASSERT_TRUE(restored.ok()) << restored.status().to_string();
+  expect_restored(*restored, many);
+
+  // Cut the file of the last leaf inside its last shard.
+  const std::string& file = leaves.back().shards.at(0).file;
+  const ShardRecord* last = nullptr;
+  std::string last_leaf;
+  for (const LeafRecord& l : leaves)
+    if (l.shards.at(0).file == file && (!last || l.shards[0].offset > last->offset))
+      last = &l.shards[0], last_leaf = "model/" + l.path;
+  ASSERT_GT(last->length, 1u);
+  truncate("run-3/" + file, last->offset + last->length / 2);
+  restored = m_->restore(3);
+  ASSERT_FALSE(restored.ok());
+  EXPECT_EQ(restored.status().code(), Code::kDataLoss);
+  const std::string& msg = restored.status().message();
+  EXPECT_EQ(msg.rfind("restore " + where(last_leaf, *last) + " of step 3: ", 0), 0u) << msg;
+  EXPECT_HAS(msg, "past the end");
+}
+
 TEST_P(CorruptionTest, DeletedDataFileIsNamedAndSkipped) {
   remove(key_);
   size_t shards = 0;

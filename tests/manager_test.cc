@@ -635,10 +635,11 @@ TEST_P(ManagerTest, SmallLeavesAreReadIntoOneAllocationTheyShare) {
 // Destinations that lie in memory as their shards lie in the file take one
 // read of the group; any other layout (gaps between destinations, some
 // leaves without one) still restores every byte and writes nothing outside
-// the destinations.
+// the destinations. 3,500 leaves: restore plans them in three chunks (1,024,
+// 2,048, the rest), the later ones while the first are read.
 TEST_P(ManagerTest, RestoreIntoOneArenaWritesOnlyTheDestinations) {
   auto m = manager();
-  auto state = small_leaves(200, 11);
+  auto state = small_leaves(3500, 11);
   ASSERT_TRUE(m->save(1, views(state)).value().wait().ok());
   auto index = m->read_index(1);
   ASSERT_TRUE(index.ok()) << index.status().to_string();
@@ -684,6 +685,21 @@ TEST_P(ManagerTest, RestoreIntoOneArenaWritesOnlyTheDestinations) {
         if (every_leaf || i % 2 == 0) EXPECT_EQ(r->leaves[i].data.data(), base + at[i]);
     }
   }
+  // A destination of the wrong size in the last chunk is refused, and
+  // nothing is read: the arena stays as it was.
+  std::vector<std::byte> arena(8 << 20, std::byte{0xA5});
+  RestoreOptions o;
+  uint64_t used = 0;
+  for (const LeafRecord& l : saved) {
+    ASSERT_LE(used + l.num_bytes(), arena.size());
+    o.into.push_back({"model", l.path, arena.data() + used, l.num_bytes()});
+    used += l.num_bytes() + 8;
+  }
+  o.into[3400].size += 1;
+  auto r = m->restore(1, o);
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(r.status().message().find(saved[3400].path), std::string::npos) << r.status().to_string();
+  EXPECT_EQ(std::count(arena.begin(), arena.end(), std::byte{0xA5}), static_cast<std::ptrdiff_t>(arena.size()));
 }
 
 // restore_arena_layout places leaves as their shards lie in the files

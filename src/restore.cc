@@ -46,8 +46,10 @@ namespace {
 
 constexpr uint64_t kPieceBytes = 64ull << 20;
 constexpr uint64_t kBatchBytes = 256ull << 20;
-// Leaves in the first chunk of a restore's plan (then doubling; restore_index).
+// Leaves in the first chunk of a restore's plan, then doubling up to the
+// most (restore_index).
 constexpr size_t kFirstChunkLeaves = 1024;
+constexpr size_t kMaxChunkLeaves = 16384;
 
 using Clock = std::chrono::steady_clock;
 
@@ -332,8 +334,10 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
   // as soon as it is planned, and the rest is planned while they are in
   // flight (a state of 100,000 small leaves spends ~30 ms planning, which
   // otherwise the device would wait for). Chunks double from
-  // kFirstChunkLeaves leaves and end at kBatchBytes of payload; a batch never
-  // spans two chunks, nor does a group of small shards.
+  // kFirstChunkLeaves leaves up to kMaxChunkLeaves and hold at most
+  // kBatchBytes of payload (unless one leaf is larger), so that a chunk is
+  // usually one batch; a batch never spans two chunks, nor does a group of
+  // small shards.
   const std::string dir = naming.name(the_step);
   const uint64_t align = std::max<uint64_t>(storage.read_alignment(), 1);
   RestoredState out;
@@ -344,27 +348,36 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
   // does: then each destination is its leaf's, none repeats (the index's
   // names are unique), and no table is needed.
   const auto& into = options.into;
-  bool in_order = into.size() == selected.size();
-  for (size_t i = 0; in_order && i < into.size(); ++i)
-    in_order = into[i].path == selected[i].second->path && into[i].prefix == selected[i].first;
-  PositionTable destinations(in_order ? 0 : into.size());
-  for (size_t i = 0; !in_order && i < into.size(); ++i)
-    destinations.slot(hash_names(into[i].prefix, into[i].path), [&](size_t j) {
-      return into[j].path == into[i].path && into[j].prefix == into[i].prefix;
-    }) = i + 1;
-  // Each leaf's destination, checked before any read.
   std::vector<const RestoreOptions::Destination*> dests(into.empty() ? 0 : selected.size());
-  for (size_t i = 0; i < dests.size(); ++i) {
-    const auto& [prefix, leaf] = selected[i];
-    const size_t slot = in_order ? i + 1 : destinations.slot(hash_names(prefix, leaf->path), [&](size_t j) {
-      return into[j].path == leaf->path && into[j].prefix == prefix;
-    });
-    if (!slot) continue;
-    dests[i] = &into[slot - 1];
-    if (dests[i]->size != leaf->num_bytes())
-      return invalid_argument("restore destination for " + leaf_name(prefix, *leaf) + " holds " +
-                              std::to_string(dests[i]->size) + " bytes, the leaf has " +
-                              std::to_string(leaf->num_bytes()));
+  size_t wrong_size = SIZE_MAX;  // the first leaf whose destination is of the wrong size
+  bool in_order = into.size() == selected.size();
+  for (size_t i = 0; in_order && i < into.size(); ++i) {  // one pass over names and sizes
+    const LeafRecord& leaf = *selected[i].second;
+    in_order = into[i].path == leaf.path && into[i].prefix == selected[i].first;
+    if (wrong_size == SIZE_MAX && into[i].size != leaf.num_bytes()) wrong_size = i;
+    dests[i] = &into[i];
+  }
+  if (!in_order) {
+    wrong_size = SIZE_MAX;
+    PositionTable destinations(into.size());
+    for (size_t i = 0; i < into.size(); ++i)
+      destinations.slot(hash_names(into[i].prefix, into[i].path), [&](size_t j) {
+        return into[j].path == into[i].path && into[j].prefix == into[i].prefix;
+      }) = i + 1;
+    for (size_t i = 0; i < dests.size(); ++i) {
+      const auto& [prefix, leaf] = selected[i];
+      const size_t slot = destinations.slot(hash_names(prefix, leaf->path), [&](size_t j) {
+        return into[j].path == leaf->path && into[j].prefix == prefix;
+      });
+      dests[i] = slot ? &into[slot - 1] : nullptr;
+      if (wrong_size == SIZE_MAX && dests[i] && dests[i]->size != leaf->num_bytes()) wrong_size = i;
+    }
+  }
+  if (wrong_size != SIZE_MAX) {  // refused before any read
+    const auto& [prefix, leaf] = selected[wrong_size];
+    return invalid_argument("restore destination for " + leaf_name(prefix, *leaf) + " holds " +
+                            std::to_string(dests[wrong_size]->size) + " bytes, the leaf has " +
+                            std::to_string(leaf->num_bytes()));
   }
   // One key string per data file, shared by its shards' tasks.
   std::map<std::string, std::pair<std::string, size_t>, std::less<>> file_keys;
@@ -381,6 +394,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
   std::vector<Group> groups;
   std::vector<Piece> pieces;
   std::vector<std::pair<size_t, size_t>> batches;  // of pieces, in order
+  std::vector<size_t> done_after;  // per batch: the leaves complete once it is verified
   size_t next_leaf = 0;                            // the first leaf not yet planned
   size_t chunk_leaves = kFirstChunkLeaves;
 
@@ -390,9 +404,9 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
     const size_t leaf_begin = next_leaf, task_begin = tasks.size(), group_begin = groups.size(),
                  piece_begin = pieces.size();
     uint64_t chunk_bytes = 0;
-    for (; next_leaf < selected.size() && next_leaf - leaf_begin < chunk_leaves && chunk_bytes < kBatchBytes;
-         ++next_leaf) {
+    for (; next_leaf < selected.size() && next_leaf - leaf_begin < chunk_leaves; ++next_leaf) {
       const auto& [prefix, leaf] = selected[next_leaf];
+      if (next_leaf > leaf_begin && chunk_bytes + leaf->num_bytes() > kBatchBytes) break;  // one batch a chunk
       Tensor t;
       t.prefix = prefix;  // path and shape: moved from the index once the data is in
       t.dtype = leaf->dtype;
@@ -427,7 +441,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
       out.stats.bytes_needed += leaf->num_bytes();
       chunk_bytes += leaf->num_bytes();
     }
-    chunk_leaves *= 2;
+    chunk_leaves = std::min(2 * chunk_leaves, kMaxChunkLeaves);
 
     // Group small shards by file position.
     std::vector<int64_t> group_of(tasks.size() - task_begin, -1);  // per task of the chunk
@@ -530,11 +544,25 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
         ++end;
       }
       batches.emplace_back(begin, end);
+      done_after.push_back(end == pieces.size() ? next_leaf : leaf_begin);  // a chunk's leaves, at its end
       out.stats.bytes_read += bytes;
       out.stats.requests += end - begin;
       begin = end;
     }
     return Status::OK();
+  };
+  // Leaves whose reads are all verified: their names and shapes move from
+  // the index to the result and their shard records are freed, on this
+  // thread while later reads are in flight. (The index is ours to take
+  // apart: the caller discards it; `selected` points into it.)
+  size_t released = 0;
+  auto release = [&](size_t leaf_end) {
+    for (; released < leaf_end; ++released) {
+      LeafRecord& leaf = const_cast<LeafRecord&>(*selected[released].second);
+      out.leaves[released].path = std::move(leaf.path);
+      out.leaves[released].shape = std::move(leaf.shape);
+      std::vector<ShardRecord>().swap(leaf.shards);
+    }
   };
 
   // Checksums a batch of pieces, in order; completes shards at their end,
@@ -678,16 +706,12 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
     Status st = f.done.get();
     const auto [b, e] = batches[verified++];
     first = st.ok() ? verify_batch(b, e) : name_failure(b, e, f.reqs, std::move(st));
+    if (first.ok()) release(done_after[verified - 1]);
   }
   for (auto& f : reading) (void)f.done.get();  // never leave a read writing into freed memory
   CKPTIO_RETURN_IF_ERROR(first);
   out.stats.read_seconds = std::chrono::duration<double>(Clock::now() - t_reads).count();
-  // The index is ours to take apart now (`selected` points into it).
-  for (size_t i = 0; i < out.leaves.size(); ++i) {
-    LeafRecord& leaf = const_cast<LeafRecord&>(*selected[i].second);
-    out.leaves[i].path = std::move(leaf.path);
-    out.leaves[i].shape = std::move(leaf.shape);
-  }
+  release(out.leaves.size());
 
   // Casts: to the template's dtypes (allow_cast) or to float_dtype.
   std::map<std::string, DType> want;

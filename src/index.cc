@@ -263,12 +263,17 @@ std::optional<Problem> check_leaf(const LeafRecord& l, bool partial, uint64_t* t
 // the paths of one half of the hash space (equal paths hash alike, so each
 // duplicate is found by exactly one of them); the earlier find wins, which is
 // what one thread would have reported.
-std::optional<Problem> check_leaf_paths(const std::vector<LeafRecord>& leaves) {
+//
+// `known`, if given, holds hash_names(path) of every leaf, in order (the fast
+// reader hashes each path as it reads it, while it is in cache).
+std::optional<Problem> check_leaf_paths(const std::vector<LeafRecord>& leaves,
+                                        const std::vector<size_t>* known = nullptr) {
   constexpr size_t kTwoThreads = 32768;
   const size_t n = leaves.size();
-  std::vector<size_t> hashes(n);
+  std::vector<size_t> own(known ? 0 : n);
+  const std::vector<size_t>& hashes = known ? *known : own;
   auto hash_range = [&](size_t from, size_t to) {
-    for (size_t i = from; i < to; ++i) hashes[i] = hash_names(leaves[i].path);
+    for (size_t i = from; i < to; ++i) own[i] = hash_names(leaves[i].path);
   };
   // First i whose path came before (and where), among hashes with `part`.
   struct Found { size_t i = SIZE_MAX, j = 0; };
@@ -276,8 +281,7 @@ std::optional<Problem> check_leaf_paths(const std::vector<LeafRecord>& leaves) {
     PositionTable seen(n);
     for (size_t i = 0; i < n; ++i) {
       if (parts == 2 && static_cast<int>(hashes[i] >> 63) != part) continue;
-      const std::string_view path = leaves[i].path;
-      size_t& slot = seen.slot(hashes[i], [&](size_t j) { return hashes[j] == hashes[i] && leaves[j].path == path; });
+      size_t& slot = seen.slot(hashes[i], [&](size_t j) { return hashes[j] == hashes[i] && leaves[j].path == leaves[i].path; });
       if (slot != 0) return Found{i, slot - 1};
       slot = i + 1;
     }
@@ -286,15 +290,15 @@ std::optional<Problem> check_leaf_paths(const std::vector<LeafRecord>& leaves) {
   Found found;
   std::future<void> hashed;
   std::future<Found> other;
-  if (n >= kTwoThreads) {
+  if (n >= kTwoThreads && !known) {
     try {
       hashed = std::async(std::launch::async, hash_range, n / 2, n);
     } catch (const std::system_error&) {
     }
   }
-  hash_range(0, hashed.valid() ? n / 2 : n);
-  if (hashed.valid()) {
-    hashed.get();
+  if (!known) hash_range(0, hashed.valid() ? n / 2 : n);
+  if (hashed.valid()) hashed.get();
+  if (n >= kTwoThreads) {
     try {
       other = std::async(std::launch::async, scan, 2, 1);
     } catch (const std::system_error&) {
@@ -917,7 +921,11 @@ class FastReader {
     skip_space();
     if (p_ != end_) return false;
     std::unordered_map<std::string_view, size_t> files;
-    if (check_file_table(index_.files, &files) || check_shard_files(index_, files)) return false;
+    if (check_file_table(index_.files, &files)) return false;
+    for (const FileRun& r : file_runs_) {  // check_shard_files, by runs
+      auto it = files.find(r.name);
+      if (it == files.end() || r.end > index_.files[it->second].size) return false;
+    }
     *out = std::move(index_);
     return true;
   }
@@ -926,11 +934,21 @@ class FastReader {
   // Root, prefixes, leaves, leaf, shards, shard, box, coordinates.
   static constexpr uint32_t kSchemaDepth = 8;
 
+  // Shards naming one file one after another (in the text), and the
+  // furthest byte they reach: what check_shard_files checks, without a
+  // second pass over every shard.
+  struct FileRun {
+    std::string_view name;  // in the text
+    uint64_t end = 0;
+  };
+
   // ---- The helper ----
 
   struct Run {
     bool ok = false;
     std::vector<LeafRecord> leaves;
+    std::vector<size_t> path_hashes;
+    std::vector<FileRun> file_runs;
     const char* end = nullptr;  // after the last leaf
     uint64_t total_bytes = 0;
   };
@@ -948,6 +966,8 @@ class FastReader {
         run.ok = h.read_leaf_run(&run.leaves);
         run.end = h.p_;
         run.total_bytes = h.total_bytes_;
+        run.path_hashes = std::move(h.path_hashes_);
+        run.file_runs = std::move(h.file_runs_);
         return run;
       });
     } catch (const std::system_error&) {  // no thread to be had: one thread reads all
@@ -973,6 +993,8 @@ class FastReader {
     num_leaves_ += run.leaves.size();
     leaves->reserve(leaves->size() + run.leaves.size());
     std::move(run.leaves.begin(), run.leaves.end(), std::back_inserter(*leaves));
+    path_hashes_.insert(path_hashes_.end(), run.path_hashes.begin(), run.path_hashes.end());
+    file_runs_.insert(file_runs_.end(), run.file_runs.begin(), run.file_runs.end());
     p_ = run.end;
     return true;
   }
@@ -1124,6 +1146,7 @@ class FastReader {
         if (p.name == name) return false;
       PrefixRecord& prefix = index_.prefixes.emplace_back();
       prefix.name.assign(name);
+      path_hashes_.clear();
       return array([&] {
                if (split_) {
                  skip_space();
@@ -1131,7 +1154,7 @@ class FastReader {
                }
                return num_leaves_++ < limits_.max_leaves && read_leaf(prefix.leaves.emplace_back());
              }) &&
-             !check_leaf_paths(prefix.leaves);
+             path_hashes_.size() == prefix.leaves.size() && !check_leaf_paths(prefix.leaves, &path_hashes_);
     });
   }
 
@@ -1139,7 +1162,12 @@ class FastReader {
     uint32_t seen = 0;
     return object([&](std::string_view key) {
              std::string_view s;
-             if (key == "path") return once(&seen, 1) && text(&leaf.path) && !leaf.path.empty();
+             if (key == "path") {
+               if (!once(&seen, 1) || !text(&s) || s.empty()) return false;
+               leaf.path.assign(s);
+               path_hashes_.push_back(hash_names(s));
+               return true;
+             }
              if (key == "dtype") {
                if (!once(&seen, 2) || !text(&s)) return false;
                auto dt = parse_dtype(s);
@@ -1160,10 +1188,16 @@ class FastReader {
 
   bool read_shard(ShardRecord& shard) {
     uint32_t seen = 0;
+    std::string_view file;
+    uint64_t end;
     return object([&](std::string_view key) {
              uint64_t crc;
              if (key == "box") return once(&seen, 1) && read_box(shard.box);
-             if (key == "file") return once(&seen, 2) && text(&shard.file);
+             if (key == "file") {
+               if (!once(&seen, 2) || !text(&file)) return false;
+               shard.file.assign(file);
+               return true;
+             }
              if (key == "offset") return once(&seen, 4) && u64(&shard.offset);
              if (key == "length") return once(&seen, 8) && u64(&shard.length);
              if (key == "crc32c") {
@@ -1173,7 +1207,12 @@ class FastReader {
              }
              return false;
            }) &&
-           seen == 31;
+           seen == 31 && !__builtin_add_overflow(shard.offset, shard.length, &end) && note_file_run(file, end);
+  }
+  bool note_file_run(std::string_view file, uint64_t end) {
+    if (file_runs_.empty() || file_runs_.back().name != file) file_runs_.push_back(FileRun{file, end});
+    else file_runs_.back().end = std::max(file_runs_.back().end, end);
+    return true;
   }
 
   bool read_box(Box& box) {
@@ -1193,6 +1232,8 @@ class FastReader {
   Index index_;
   uint64_t num_leaves_ = 0;
   uint64_t total_bytes_ = 0;
+  std::vector<size_t> path_hashes_;  // of the leaves of the prefix being read (check_leaf_paths)
+  std::vector<FileRun> file_runs_;
   const char* split_ = nullptr;  // while the helper's run is not taken
   std::future<Run> helper_;      // joined at the latest when this reader goes
 };

@@ -490,6 +490,39 @@ TEST(IndexReject, DuplicateLeafPathAmongManyIsTheFirst) {
   }
 }
 
+// The fast reader checks shard -> file references by runs of shards that
+// name one file, gathered by both its threads as they read: a bad reference
+// anywhere in a large index (in either thread's half, at a run's start or
+// inside one) is refused, with the strict reader's message.
+TEST(IndexReject, ShardFileProblemsAmongManyAreNamed) {
+  Builder b;
+  for (int i = 0; i < 40000; ++i)
+    b.leaf("model", "params.layers." + std::to_string(i) + ".kernel", DType::kFloat32, {2}, grid({2}, {1}),
+           i % 3000 < 1500 ? "data-a.bin" : "data-b.bin");
+  const Index base = b.build();
+  ASSERT_TRUE(parse_index(serialize_index(base)).ok());
+  uint64_t size_of[2] = {base.files[0].size, base.files[1].size};
+  ASSERT_EQ(base.files[0].name, "data-a.bin");
+  for (size_t at : {size_t{0}, size_t{1499}, size_t{1500}, size_t{2000}, size_t{21000}, size_t{39999}}) {
+    const std::string where = "prefixes.model[" + std::to_string(at) + "].shards[0]";
+    const uint64_t size = size_of[at % 3000 < 1500 ? 0 : 1];
+    auto expect_refused = [&](const Index& x, const std::string& what) {
+      auto parsed = parse_index(serialize_index(x));
+      ASSERT_FALSE(parsed.ok()) << "leaf " << at << ": " << what;
+      EXPECT_NE(parsed.status().message().find(where + what), std::string::npos) << parsed.status().to_string();
+    };
+    Index x = base;
+    x.prefixes[0].leaves[at].shards[0].file = "data-c.bin";
+    expect_refused(x, ".file: \"data-c.bin\" is not listed in \"files\"");
+    x = base;
+    x.prefixes[0].leaves[at].shards[0].offset = size - 4;  // [size - 4, size + 4)
+    expect_refused(x, ".offset: bytes [" + std::to_string(size - 4) + ", " + std::to_string(size + 4) + ") lie beyond");
+    x = base;
+    x.prefixes[0].leaves[at].shards[0].offset = UINT64_MAX - 3;
+    expect_refused(x, ".offset: offset + length overflows 64 bits");
+  }
+}
+
 TEST(IndexFormat, GoldenText) {
   Index x = Builder().leaf("model", "w", DType::kBFloat16, {2, 2}, grid({2, 2}, {2, 1})).prefix("tx").build();
   x.metadata_json = R"({"a":1})";

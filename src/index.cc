@@ -34,6 +34,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <future>
+#include <type_traits>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -257,24 +258,34 @@ std::optional<Problem> check_leaf(const LeafRecord& l, bool partial, uint64_t* t
   return std::nullopt;
 }
 
+// std::async(std::launch::async, f), or no future (invalid) when no thread
+// can be had: the caller then does the work itself.
+template <class F>
+std::future<std::invoke_result_t<F>> try_async(F&& f) {
+  try {
+    return std::async(std::launch::async, std::forward<F>(f));
+  } catch (const std::system_error&) {
+    return {};
+  }
+}
+
 // The leaves of one prefix: unique paths. The first duplicate in order is
-// reported, with the first leaf of that path. Many leaves are checked by two
-// threads: both hash half the paths, then each looks for duplicates among
-// the paths of one half of the hash space (equal paths hash alike, so each
-// duplicate is found by exactly one of them); the earlier find wins, which is
-// what one thread would have reported.
-//
-// `known`, if given, holds hash_names(path) of every leaf, in order (the fast
-// reader hashes each path as it reads it, while it is in cache).
+// reported, with the first leaf of that path. `known`, if given, holds
+// hash_names(path) of every leaf, in order (the fast reader hashes each path
+// as it reads it, while it is in cache). Many leaves are checked by two
+// threads: each looks for duplicates among the paths of one half of the hash
+// space (equal paths hash alike, so each duplicate is found by exactly one of
+// them); the earlier find wins, which is what one thread would have reported.
 std::optional<Problem> check_leaf_paths(const std::vector<LeafRecord>& leaves,
                                         const std::vector<size_t>* known = nullptr) {
   constexpr size_t kTwoThreads = 32768;
   const size_t n = leaves.size();
-  std::vector<size_t> own(known ? 0 : n);
+  std::vector<size_t> own;
+  if (!known) {
+    own.resize(n);
+    for (size_t i = 0; i < n; ++i) own[i] = hash_names(leaves[i].path);
+  }
   const std::vector<size_t>& hashes = known ? *known : own;
-  auto hash_range = [&](size_t from, size_t to) {
-    for (size_t i = from; i < to; ++i) own[i] = hash_names(leaves[i].path);
-  };
   // First i whose path came before (and where), among hashes with `part`.
   struct Found { size_t i = SIZE_MAX, j = 0; };
   auto scan = [&](int parts, int part) {
@@ -287,29 +298,12 @@ std::optional<Problem> check_leaf_paths(const std::vector<LeafRecord>& leaves,
     }
     return Found{};
   };
-  Found found;
-  std::future<void> hashed;
   std::future<Found> other;
-  if (n >= kTwoThreads && !known) {
-    try {
-      hashed = std::async(std::launch::async, hash_range, n / 2, n);
-    } catch (const std::system_error&) {
-    }
-  }
-  if (!known) hash_range(0, hashed.valid() ? n / 2 : n);
-  if (hashed.valid()) hashed.get();
-  if (n >= kTwoThreads) {
-    try {
-      other = std::async(std::launch::async, scan, 2, 1);
-    } catch (const std::system_error&) {
-    }
-  }
+  if (n >= kTwoThreads) other = try_async([&] { return scan(2, 1); });
+  Found found = scan(other.valid() ? 2 : 1, 0);
   if (other.valid()) {
-    found = scan(2, 0);
     const Found second = other.get();
     if (second.i < found.i) found = second;
-  } else {
-    found = scan(1, 0);
   }
   if (found.i == SIZE_MAX) return std::nullopt;
   return Problem{"[" + std::to_string(found.i) + "].path", "duplicate leaf path " + quote_name(leaves[found.i].path) +
@@ -884,7 +878,10 @@ Result<std::string> read_metadata(std::string_view text, const IndexLimits& limi
 // object is handed whole to the strict reader (its end found by
 // end_of_container, src/json_scan.h), which writes its canonical text. So
 // it never takes what the strict reader refuses and gives the same Index;
-// fuzz/index_fuzz.cc checks that on every input. It allocates nothing beyond the Index.
+// fuzz/index_fuzz.cc checks that on every input. Beyond the Index it keeps a
+// hash per leaf of the prefix being read and a FileRun per run of shards
+// naming one file (so the duplicate-path and shard-file checks need not walk
+// every record again, cold, after the read).
 // `build/bin/micro_bench --benchmark_filter=IndexParse` (100,000 leaves,
 // 24.5 MB): 273 ms for the strict reader, 67 ms for this one.
 //
@@ -956,23 +953,20 @@ class FastReader {
   void start_helper(size_t at) {
     if (at >= text_.size()) return;
     split_ = text_.data() + at;
-    try {
-      helper_ = std::async(std::launch::async, [limits = limits_, text = text_, from = split_] {
-        FastReader h(limits);
-        h.text_ = text;
-        h.p_ = from;
-        h.end_ = text.data() + text.size();
-        Run run;
-        run.ok = h.read_leaf_run(&run.leaves);
-        run.end = h.p_;
-        run.total_bytes = h.total_bytes_;
-        run.path_hashes = std::move(h.path_hashes_);
-        run.file_runs = std::move(h.file_runs_);
-        return run;
-      });
-    } catch (const std::system_error&) {  // no thread to be had: one thread reads all
-      split_ = nullptr;
-    }
+    helper_ = try_async([limits = limits_, text = text_, from = split_] {
+      FastReader h(limits);
+      h.text_ = text;
+      h.p_ = from;
+      h.end_ = text.data() + text.size();
+      Run run;
+      run.ok = h.read_leaf_run(&run.leaves);
+      run.end = h.p_;
+      run.total_bytes = h.total_bytes_;
+      run.path_hashes = std::move(h.path_hashes_);
+      run.file_runs = std::move(h.file_runs_);
+      return run;
+    });
+    if (!helper_.valid()) split_ = nullptr;  // no thread to be had: one thread reads all
   }
   // `leaf (, leaf)*`, as a prefix's array holds them; stops before what
   // follows the last leaf.

@@ -365,7 +365,8 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
         return into[j].path == into[i].path && into[j].prefix == into[i].prefix;
       }) = i + 1;
     for (size_t i = 0; i < dests.size(); ++i) {
-      const auto& [prefix, leaf] = selected[i];
+      const std::string& prefix = selected[i].first;  // (not a structured binding: clang 14 cannot capture one)
+      const LeafRecord* leaf = selected[i].second;
       const size_t slot = destinations.slot(hash_names(prefix, leaf->path), [&](size_t j) {
         return into[j].path == leaf->path && into[j].prefix == prefix;
       });

@@ -32,6 +32,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "src/async.h"
 #include "src/copy.h"
 #include "src/crc32c.h"
 
@@ -350,7 +351,7 @@ Result<StreamResult> stream_data_files(Storage& src, Storage& dst, const Index& 
       reqs.push_back(ReadRequest{plan.src_keys[c.file], c.offset, c.length, c.buf});
       b.chunks.push_back(c);
     }
-    b.read = std::async(std::launch::async, [&src, reqs = std::move(reqs)] { return src.read(reqs); });
+    b.read = async_or_deferred([&src, reqs = std::move(reqs)] { return src.read(reqs); });
     reading.push_back(std::move(b));
   };
   auto release_unwritten = [&](Batch& b) {

@@ -44,6 +44,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "src/async.h"
 #include "src/index_readers.h"
 #include "src/json_scan.h"
 #include "src/position_table.h"
@@ -256,17 +257,6 @@ std::optional<Problem> check_leaf(const LeafRecord& l, bool partial, uint64_t* t
   }
   if (auto problem = check_exact_cover(l, partial)) return Problem{".shards" + problem->where, problem->what};
   return std::nullopt;
-}
-
-// std::async(std::launch::async, f), or no future (invalid) when no thread
-// can be had: the caller then does the work itself.
-template <class F>
-std::future<std::invoke_result_t<F>> try_async(F&& f) {
-  try {
-    return std::async(std::launch::async, std::forward<F>(f));
-  } catch (const std::system_error&) {
-    return {};
-  }
 }
 
 // The leaves of one prefix: unique paths. The first duplicate in order is

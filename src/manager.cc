@@ -39,6 +39,7 @@
 #include <thread>
 #include <utility>
 
+#include "src/async.h"
 #include "src/cast.h"
 #include "src/commit.h"
 #include "src/crc32c.h"
@@ -675,32 +676,36 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
   // that takes ~200 ms off every save. Nothing is published unless the writes
   // succeed and the text reads back.
   std::string json;
-  std::future<Status> checked;        // (destroyed after the promises: never waits on them)
   std::promise<bool> checksums_known;  // false: the writes failed, give up
+  std::future<bool> known = checksums_known.get_future();
   std::promise<void> text_ready;
   std::future<void> text = text_ready.get_future();
   bool told = false;
-  if (!job.group)
-    checked = std::async(std::launch::async, [&, known = checksums_known.get_future()]() mutable -> Status {
-      bool ready = false;
-      try {
-        BuiltIndex b = build_index(job);
-        if (!known.get()) return internal_error("index not needed: the data writes failed");
-        for (size_t k = 0; k < crcs.size(); ++k) *b.crc_of[k] = crcs[k];
-        b.index.committed_unix_ns = unix_ns_now();
-        json = serialize_index(b.index);
-        text_ready.set_value();
-        ready = true;
-        auto check = parse_index(json);
-        return check.ok() ? Status::OK() : check.status().annotate("internal: serialized index fails to parse");
-      } catch (...) {  // (out of memory) the worker must not wait for a text that never comes
-        if (!ready) text_ready.set_exception(std::current_exception());
-        throw;
-      }
-    });
-  auto tell = [&](bool known) {
-    if (!checked.valid() || std::exchange(told, true)) return;
-    checksums_known.set_value(known);
+  auto prepare_index = [&]() -> Status {
+    bool ready = false;
+    try {
+      BuiltIndex b = build_index(job);
+      if (!known.get()) return internal_error("index not needed: the data writes failed");
+      for (size_t k = 0; k < crcs.size(); ++k) *b.crc_of[k] = crcs[k];
+      b.index.committed_unix_ns = unix_ns_now();
+      json = serialize_index(b.index);
+      text_ready.set_value();
+      ready = true;
+      auto check = parse_index(json);
+      return check.ok() ? Status::OK() : check.status().annotate("internal: serialized index fails to parse");
+    } catch (...) {  // (out of memory) the worker must not wait for a text that never comes
+      if (!ready) text_ready.set_exception(std::current_exception());
+      throw;
+    }
+  };
+  // Invalid when no thread could be had: the index is then prepared on this
+  // thread once the writes are done. (Waited on before anything above it is
+  // destroyed: every path below gets it.)
+  std::future<Status> checked;
+  if (!job.group) checked = try_async(std::ref(prepare_index));
+  auto tell = [&](bool ok) {
+    if (job.group || std::exchange(told, true)) return;
+    checksums_known.set_value(ok);
   };
   Status st = write_data(job, crcs, stats.write_seconds, [&] { tell(true); });
   tell(st.ok());  // (the writes failed before all were queued, or none was)
@@ -709,6 +714,10 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
   } else {
     const auto t0 = Clock::now();
     Status staged;
+    if (!checked.valid()) {  // no thread for it: prepared now, on this one
+      checked = std::async(std::launch::deferred, std::ref(prepare_index));
+      checked.wait();
+    }
     if (st.ok()) {
       text.get();
       staged = stage_index(storage, job.paths, json);  // while the text is read back

@@ -33,6 +33,7 @@
 #include <tuple>
 
 #include "ckptio/manager.h"
+#include "src/async.h"
 #include "src/cast.h"
 #include "src/crc32c.h"
 #include "src/damage.h"
@@ -686,7 +687,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
       }
       f.reqs.push_back(ReadRequest{*t.key, t.rec->offset + pieces[p].at, pieces[p].len, t.bytes + pieces[p].at});
     }
-    f.done = std::async(std::launch::async, [&storage, reqs = std::span<const ReadRequest>(f.reqs)] {
+    f.done = async_or_deferred([&storage, reqs = std::span<const ReadRequest>(f.reqs)] {
       return storage.read(reqs);
     });
     reading.push_back(std::move(f));

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 
+#include "src/async.h"
 #include "src/box_runs.h"
 #include "src/cast.h"
 #include "src/crc32c.h"
@@ -399,7 +400,7 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
   Status first;
   for (size_t i = 0; i < batches.size(); ++i) {
     while (launched < batches.size() && launched < i + kBatchesInFlight && first.ok()) {
-      reading.push_back(std::async(std::launch::async, read_batch, launched));
+      reading.push_back(async_or_deferred([&read_batch, launched] { return read_batch(launched); }));
       ++launched;
     }
     Status st = reading.front().get();

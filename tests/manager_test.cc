@@ -3,6 +3,7 @@
 // restore, callbacks, retention, overwrite, casts, selection, templates,
 // failures and corruption.
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -587,6 +588,50 @@ TEST_P(ManagerTest, RestoreIntoCallerBuffers) {
   // A destination of the wrong size is refused before any read.
   o.into[1].size -= 1;
   EXPECT_EQ(m->restore(1, o).status().code(), Code::kInvalidArgument);
+}
+
+// While alive, no new thread can be had: the default stack of a new thread
+// is the whole user address space (2^47 bytes), which can never be mapped,
+// so pthread_create fails with EAGAIN and std::thread and
+// std::async(std::launch::async) throw std::system_error, as in a process at
+// its thread limit. Threads that exist keep running.
+class NoNewThreads {
+ public:
+  NoNewThreads() {
+    pthread_getattr_default_np(&saved_);
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setstacksize(&a, size_t{1} << 47);
+    EXPECT_EQ(pthread_setattr_default_np(&a), 0);
+    pthread_attr_destroy(&a);
+  }
+  ~NoNewThreads() {
+    pthread_setattr_default_np(&saved_);
+    pthread_attr_destroy(&saved_);
+  }
+
+ private:
+  pthread_attr_t saved_;
+};
+
+// A save and a restore at a process's thread limit do the work they would
+// have given a thread on their own thread: the step commits and restores
+// (before, restore threw std::system_error out of its first read batch and
+// the save worker died in std::terminate).
+TEST_P(ManagerTest, SaveAndRestoreWorkWhenNoThreadCanBeHad) {
+  auto m = manager();  // its worker (and the local backend's ring thread) exist already
+  auto state = sample_state(21);
+  for (int i = 0; i < 3000; ++i)  // several read batches
+    state.push_back(make_leaf("tx", "small." + std::to_string(i), DType::kUInt8, {1 + i % 97}, 100 + i));
+  NoNewThreads no_threads;
+  EXPECT_THROW(std::thread([] {}).join(), std::system_error) << "the test cannot take threads away";
+  auto h = m->save(3, views(state));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+  auto r = m->restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->step, 3);
+  expect_restored(*r, state);
 }
 
 // Small leaves of odd sizes and mixed dtypes, saved next to each other.

@@ -337,7 +337,7 @@ TEST_F(CliTest, UnreadablePathsAreOneLineErrorsExitOne) {
     return r;
   };
   // The checkpoint directory itself, and a path below it.
-  for (const std::string& cmd : {"ls", "verify", "inspect", "gc"}) {
+  for (const std::string cmd : {"ls", "verify", "inspect", "gc"}) {
     std::vector<std::string> args = {cmd, locked};
     if (cmd == "gc") args = {"gc", locked, "--keep-last", "1"};
     CliResult r = run_denied(args);

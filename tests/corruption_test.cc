@@ -617,7 +617,7 @@ TEST_F(LocalHostileSymlinks, OpenBeneathRefusesEveryLinkBelowTheRoot) {
     int err = 0;
     auto ok = local::open_beneath(root, "run-1/" + std::string(kIndexFileName), O_RDONLY, &err, how);
     EXPECT_TRUE(ok.ok()) << ok.status().to_string();
-    for (const std::string key : {"dir-link/" + std::string(kIndexFileName), std::string("run-1/file-link"),
+    for (const std::string& key : {"dir-link/" + std::string(kIndexFileName), std::string("run-1/file-link"),
                                   std::string("run-1/abs-link"), std::string("run-1/rel-link/x")}) {
       for (int flags : {O_RDONLY, O_RDONLY | O_DIRECT, O_PATH}) {
         err = 0;

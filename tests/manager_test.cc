@@ -508,11 +508,12 @@ TEST_P(ManagerTest, CorruptDataIsNamedAndBadIndexIsSkipped) {
   ASSERT_TRUE(base_->remove(key).ok());
   auto w = base_->create(key, data->size());
   ASSERT_TRUE(w.ok());
-  std::vector<std::byte> aligned(((data->size() + 4095) / 4096) * 4096 + 4096);
-  std::byte* p = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(aligned.data()) + 4095) & ~uintptr_t{4095});
+  const size_t rounded = (data->size() + 4095) / 4096 * 4096;
+  Buffer aligned = Buffer::allocate(rounded, 4096);
+  std::byte* p = aligned.data();
   std::memcpy(p, data->data(), data->size());
-  std::memset(p + data->size(), 0, ((data->size() + 4095) / 4096) * 4096 - data->size());
-  uint64_t len = (*w)->granularity() > 1 ? ((data->size() + 4095) / 4096) * 4096 : data->size();
+  std::fill(p + data->size(), p + rounded, std::byte{0});
+  uint64_t len = (*w)->granularity() > 1 ? rounded : data->size();
   std::promise<Status> done;
   (*w)->write_async(0, {p, len}, [&](Status st) { done.set_value(st); });
   ASSERT_TRUE(done.get_future().get().ok());

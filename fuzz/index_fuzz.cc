@@ -14,11 +14,14 @@
 //   - the two readers behind parse_index agree: whenever the fast reader
 //     takes a text, the strict reader accepts it too and gives an equal
 //     Index; and the fast reader takes every text serialize_index writes
-//     (from plain names: printable ASCII without '"' or '\\').
+//     (from plain names: printable ASCII without '"' or '\\');
+//   - reading a text while it arrives (parse_index_arriving, the second part
+//     garbage until it is brought in) gives parse_index's result.
 // Any violation calls abort(), so libFuzzer records the input as a crash.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -140,6 +143,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const bool two_took = ckptio::index_readers::read_index_fast(text, limits, &two, split);
     if (two_took != fast_took || (two_took && !(two == fast)))
       fail("the fast reader with a helper thread differs from one thread", std::string(text));
+  }
+  // Read while it arrives: the bytes after `loaded` are garbage until the
+  // rest is brought in (on the helper thread), so a reader that looked at
+  // them early would differ from parse_index. Split at the last leaf.
+  {
+    const size_t split = text.rfind("{\"path\"");
+    const size_t loaded = split == std::string_view::npos ? size / 2 : split + (size - split) / 2;
+    std::string arriving(text.substr(0, loaded));
+    arriving.resize(size, '}');
+    int calls = 0;
+    const std::function<ckptio::Status()> rest = [&] {
+      ++calls;
+      arriving.replace(loaded, size - loaded, text.substr(loaded));
+      return ckptio::Status::OK();
+    };
+    auto third = ckptio::index_readers::parse_index_arriving(arriving, loaded, rest, limits,
+                                                              split == std::string_view::npos ? std::optional<size_t>()
+                                                                                              : std::optional<size_t>(split));
+    if (calls != 1) fail("parse_index_arriving did not bring the rest exactly once", std::to_string(calls));
+    if (third.ok() != first.ok() || (third.ok() && !(*third == *first)) ||
+        (!third.ok() && third.status().to_string() != first.status().to_string()))
+      fail("parse_index_arriving differs from parse_index", std::string(text));
   }
   if (!first.ok()) {
     const ckptio::Status& st = first.status();

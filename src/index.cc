@@ -33,8 +33,8 @@
 #include <charconv>
 #include <cinttypes>
 #include <cstdio>
+#include <functional>
 #include <future>
-#include <type_traits>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -886,6 +886,13 @@ Result<std::string> read_metadata(std::string_view text, const IndexLimits& limi
 // (the point lay in metadata, a file name, ...), the helper's work is
 // dropped. Either way the result is the one-thread result; the fuzzer and
 // IndexReaders tests force split points to check that.
+//
+// A text may also be read while it arrives (parse_index_arriving): the
+// first part is in, the rest is brought in by the helper before it reads
+// its run. The split point then lies in the first part, and this thread
+// reads only the first part (text_ and end_ end there) until it takes the
+// helper's run, after which the whole text is in. A text that would make it
+// read beyond (not what serialize_index writes) fails the fast reader.
 
 class FastReader {
  public:
@@ -894,17 +901,54 @@ class FastReader {
   static constexpr size_t kSplitBytes = 1u << 20;
   static constexpr size_t kNoSplit = std::string_view::npos;
 
+  // A text whose bytes from `loaded` on are still to come: rest() brings
+  // them in. Once `called`, `status` is rest()'s.
+  struct Arriving {
+    size_t loaded = 0;
+    const std::function<Status()>* rest = nullptr;
+    Status status;
+    bool called = false;
+    bool bring() {
+      if (!std::exchange(called, true)) status = (*rest)();
+      return status.ok();
+    }
+  };
+
   // False: not taken (the strict reader decides). `split`: where a helper
   // reads leaves (kNoSplit: none; default: near the middle of a large text).
-  bool read(std::string_view text, Index* out, std::optional<size_t> split = std::nullopt) {
+  // `arriving`: see above; rest() is called before this returns, unless it
+  // returns false first.
+  bool read(std::string_view text, Index* out, std::optional<size_t> split = std::nullopt,
+            Arriving* arriving = nullptr) {
     if (text.size() > limits_.max_bytes || limits_.max_depth < kSchemaDepth ||
         limits_.max_depth > kMaxSupportedDepth)
       return false;
-    text_ = text;
+    text_ = whole_ = text;
     p_ = text.data();
     end_ = p_ + text.size();
-    start_helper(split ? *split : text.size() >= kSplitBytes ? text.find("{\"path\"", text.size() / 2) : kNoSplit);
+    if (arriving) {
+      const std::string_view first = text.substr(0, arriving->loaded);
+      start_helper(split                           ? *split
+                   : text.size() >= kSplitBytes ? first.rfind("{\"path\"")  // the last leaf that is in
+                                                : kNoSplit,
+                   arriving);
+      if (split_) {
+        text_ = first;  // until the helper's run is taken
+        end_ = first.data() + first.size();
+      } else if (!arriving->bring()) {  // no split point in the first part, or no thread: all of it now
+        return false;
+      }
+    } else {
+      start_helper(split ? *split : text.size() >= kSplitBytes ? text.find("{\"path\"", text.size() / 2) : kNoSplit);
+    }
     if (!read_root()) return false;
+    if (text_.size() != whole_.size()) {  // done before taking the helper's run, which is dropped:
+      split_ = nullptr;                   // what follows must be in before it is checked
+      (void)helper_.get();
+      if (!arriving->bring()) return false;
+      text_ = whole_;
+      end_ = whole_.data() + whole_.size();
+    }
     skip_space();
     if (p_ != end_) return false;
     std::unordered_map<std::string_view, size_t> files;
@@ -940,12 +984,13 @@ class FastReader {
     uint64_t total_bytes = 0;
   };
 
-  void start_helper(size_t at) {
+  void start_helper(size_t at, Arriving* arriving = nullptr) {
     if (at >= text_.size()) return;
     split_ = text_.data() + at;
-    helper_ = try_async([limits = limits_, text = text_, from = split_] {
+    helper_ = try_async([limits = limits_, text = text_, from = split_, arriving] {
+      if (arriving && !arriving->bring()) return Run{};
       FastReader h(limits);
-      h.text_ = text;
+      h.text_ = h.whole_ = text;
       h.p_ = from;
       h.end_ = text.data() + text.size();
       Run run;
@@ -971,6 +1016,8 @@ class FastReader {
   bool take_helper_run(std::vector<LeafRecord>* leaves) {
     split_ = nullptr;
     Run run = helper_.get();
+    text_ = whole_;  // all in now, if it was arriving
+    end_ = whole_.data() + whole_.size();
     if (!run.ok || run.leaves.empty()) return false;
     if (run.leaves.size() > limits_.max_leaves - std::min(limits_.max_leaves, num_leaves_)) return false;
     if (__builtin_add_overflow(total_bytes_, run.total_bytes, &total_bytes_)) return false;
@@ -1062,13 +1109,25 @@ class FastReader {
     *seen |= bit;
     return true;
   }
+  // Into `out` (empty), with one allocation of the exact size for up to
+  // eight coordinates: push_back would allocate 1, 2, 4, ... elements, and
+  // a leaf has three such lists (shape, box start and stop).
   bool coordinates(std::vector<int64_t>* out) {
-    return array([&] {
+    int64_t first[8];
+    size_t n = 0;
+    const bool ok = array([&] {
       int64_t c;
-      if (out->size() == limits_.max_rank || !i64(&c)) return false;
+      if (n == limits_.max_rank || !i64(&c)) return false;
+      if (n < std::size(first)) {
+        first[n++] = c;
+        return true;
+      }
+      if (n++ == std::size(first)) out->assign(first, first + std::size(first));
       out->push_back(c);
       return true;
     });
+    if (ok && n <= std::size(first)) out->assign(first, first + n);
+    return ok;
   }
 
   // ---- Records ----
@@ -1210,7 +1269,8 @@ class FastReader {
   }
 
   const IndexLimits limits_;
-  std::string_view text_;
+  std::string_view text_;   // what this thread may read: the whole text, or its first part while it arrives
+  std::string_view whole_;  // the whole text
   const char* p_ = nullptr;
   const char* end_ = nullptr;
   Index index_;
@@ -1571,6 +1631,26 @@ bool read_index_fast(std::string_view json, const IndexLimits& limits, Index* ou
 
 bool read_index_fast(std::string_view json, const IndexLimits& limits, Index* out, size_t split) {
   return FastReader(limits).read(json, out, split);
+}
+
+Result<Index> parse_index_arriving(std::string_view json, size_t loaded, const std::function<Status()>& rest,
+                                   const IndexLimits& limits, std::optional<size_t> split) {
+  try {
+    FastReader::Arriving arriving;
+    arriving.loaded = std::min(loaded, json.size());
+    arriving.rest = &rest;
+    Index index;
+    bool taken;
+    {
+      FastReader reader(limits);
+      taken = reader.read(json, &index, split, &arriving);
+    }  // (its helper joined)
+    if (!arriving.bring()) return arriving.status;
+    if (taken) return index;
+    return read_index_strict(json, limits);
+  } catch (const std::exception& e) {  // allocation failure; nothing else throws
+    return Status(Code::kInternal, std::string("parse_index: ") + e.what());
+  }
 }
 
 }  // namespace index_readers

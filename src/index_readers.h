@@ -3,6 +3,8 @@
 // read_index_fast(text) when that takes the text, else read_index_strict(text).
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string_view>
 
 #include "ckptio/index.h"
@@ -22,5 +24,16 @@ bool read_index_fast(std::string_view json, const IndexLimits& limits, Index* ou
 // text (read_index_fast splits large texts near the middle by itself);
 // std::string_view::npos: one thread. The result never depends on `split`.
 bool read_index_fast(std::string_view json, const IndexLimits& limits, Index* out, size_t split);
+
+// parse_index of a text that is still arriving: json[0, loaded) is in, and
+// rest() brings in the remainder (json's memory stays the caller's). The
+// first part is read while rest() runs on a helper thread, for a large text
+// whose first part holds a split point; otherwise rest() is called first.
+// rest() is called exactly once, before this returns; its error is
+// returned. The Index is parse_index(json)'s. `split`: where the helper
+// reads leaves (any byte; tests and the fuzzer), by default the last
+// '{"path"' of the first part of a large text.
+Result<Index> parse_index_arriving(std::string_view json, size_t loaded, const std::function<Status()>& rest,
+                                   const IndexLimits& limits = {}, std::optional<size_t> split = std::nullopt);
 
 }  // namespace ckptio::index_readers

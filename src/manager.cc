@@ -44,6 +44,7 @@
 #include "src/commit.h"
 #include "src/crc32c.h"
 #include "src/group_commit.h"
+#include "src/index_readers.h"
 #include "src/layout.h"
 #include "src/manager_impl.h"
 #include "src/staging.h"
@@ -762,14 +763,27 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
 
 // ---- Discovery, retention, gc ---------------------------------------------------
 
+// A large index is read in two parts, and its first half parsed while the
+// second is read (index_readers::parse_index_arriving): on local disk a cold
+// 26 MB index (100,000 leaves) takes about as long to read as to parse.
+// The text is never zero-filled first.
 Result<std::optional<Index>> CheckpointManager::Impl::load_index(const std::string& dir) {
-  auto text = owner->storage().get(index_key(dir), IndexLimits{}.max_bytes);
-  if (!text.ok()) {
-    if (text.status().code() == Code::kNotFound) return std::optional<Index>();
-    return text.status();
+  constexpr uint64_t kInParts = 4ull << 20;
+  const std::string key = index_key(dir);
+  auto object = owner->storage().open(key, IndexLimits{}.max_bytes);
+  if (!object.ok()) {
+    if (object.status().code() == Code::kNotFound) return std::optional<Index>();
+    return object.status();
   }
-  auto index = parse_index(*text);
-  if (!index.ok()) return index.status().annotate(owner->storage().describe() + "/" + index_key(dir));
+  ObjectReader& r = **object;
+  const uint64_t size = r.size();
+  std::unique_ptr<char[]> text(new char[std::max<uint64_t>(size, 1)]);
+  auto* bytes = reinterpret_cast<std::byte*>(text.get());
+  const uint64_t first = size < kInParts ? size : size / 2;  // the helper reads from its last leaf
+  CKPTIO_RETURN_IF_ERROR(r.read(0, first, bytes));
+  const std::function<Status()> rest = [&] { return r.read(first, size - first, bytes + first); };
+  auto index = index_readers::parse_index_arriving(std::string_view(text.get(), size), first, rest);
+  if (!index.ok()) return index.status().annotate(owner->storage().describe() + "/" + key);
   return std::optional<Index>(std::move(index).value());
 }
 

@@ -162,7 +162,7 @@ constexpr uint64_t kGroupMax = 8ull << 20;      // per request
 // from batch to batch instead of faulting fresh memory for every group.
 constexpr uint64_t kScratchPerBatch = 64ull << 20;
 
-Status check_template(const std::vector<std::pair<std::string, const LeafRecord*>>& selected,
+Status check_template(const std::vector<std::pair<std::string, LeafRecord*>>& selected,
                       const RestoreOptions& options) {
   if (options.expected.empty()) return Status::OK();
   std::map<std::string, const LeafRecord*> saved;
@@ -310,13 +310,13 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
       return invalid_argument("bad path regex '" + options.select.path_regex + "': " + e.what());
     }
   }
-  std::vector<std::pair<std::string, const LeafRecord*>> selected;
-  for (const PrefixRecord& p : index.prefixes) {
+  std::vector<std::pair<std::string, LeafRecord*>> selected;
+  for (PrefixRecord& p : index.prefixes) {
     if (!options.select.prefixes.empty() &&
         std::find(options.select.prefixes.begin(), options.select.prefixes.end(), p.name) ==
             options.select.prefixes.end())
       continue;
-    for (const LeafRecord& leaf : p.leaves)
+    for (LeafRecord& leaf : p.leaves)
       if (!re || std::regex_search(leaf.path, *re)) selected.emplace_back(p.name, &leaf);
   }
   CKPTIO_RETURN_IF_ERROR(check_template(selected, options));
@@ -560,7 +560,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
   size_t released = 0;
   auto release = [&](size_t leaf_end) {
     for (; released < leaf_end; ++released) {
-      LeafRecord& leaf = const_cast<LeafRecord&>(*selected[released].second);
+      LeafRecord& leaf = *selected[released].second;
       out.leaves[released].path = std::move(leaf.path);
       out.leaves[released].shape = std::move(leaf.shape);
       std::vector<ShardRecord>().swap(leaf.shards);
@@ -687,6 +687,8 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
       }
       f.reqs.push_back(ReadRequest{*t.key, t.rec->offset + pieces[p].at, pieces[p].len, t.bytes + pieces[p].at});
     }
+    // (The span stays valid as f moves into `reading`: a vector's elements
+    // move with it.)
     f.done = async_or_deferred([&storage, reqs = std::span<const ReadRequest>(f.reqs)] {
       return storage.read(reqs);
     });

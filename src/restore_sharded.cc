@@ -133,7 +133,7 @@ uint64_t place(uint64_t cursor, uint64_t offset, uint64_t align) {
 }  // namespace
 
 Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t step,
-                       const std::vector<std::pair<std::string, const LeafRecord*>>& selected,
+                       const std::vector<std::pair<std::string, LeafRecord*>>& selected,
                        const RestoreOptions& options, RestoredState* out) {
   const RestoreOptions::Sharding& s = *options.sharding;
   const ShardedRestoreLimits limits = sharded_restore_limits();

@@ -26,7 +26,7 @@ ShardedRestoreLimits& sharded_restore_limits();
 // out->stats (all but `seconds`). `step_dir` is the step's directory
 // ("run-5"); the data files are `step_dir + "/" + ShardRecord::file`.
 Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t step,
-                       const std::vector<std::pair<std::string, const LeafRecord*>>& selected,
+                       const std::vector<std::pair<std::string, LeafRecord*>>& selected,
                        const RestoreOptions& options, RestoredState* out);
 
 }  // namespace ckptio

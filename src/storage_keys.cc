@@ -1,7 +1,9 @@
 // The storage seam's key rules (include/ckptio/storage.h), shared by the
 // memory and S3 backends; the local backend adds its temporary-file names.
-// Also the default Storage::newest_change.
+// Also the default Storage::newest_change and Storage::open.
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -41,6 +43,32 @@ Status check_path(std::string_view s, bool is_prefix) {
 
 Status check_storage_key(std::string_view key) { return check_path(key, false); }
 Status check_storage_prefix(std::string_view prefix) { return check_path(prefix, true); }
+
+namespace {
+
+class InMemoryReader final : public ObjectReader {
+ public:
+  explicit InMemoryReader(std::string bytes, std::string name) : bytes_(std::move(bytes)), name_(std::move(name)) {}
+  uint64_t size() const override { return bytes_.size(); }
+  Status read(uint64_t offset, uint64_t length, std::byte* dst) override {
+    if (offset > bytes_.size() || length > bytes_.size() - offset)
+      return data_loss("read " + name_ + " [" + std::to_string(offset) + ", +" + std::to_string(length) +
+                       "): past its end at " + std::to_string(bytes_.size()));
+    std::memcpy(dst, bytes_.data() + offset, length);
+    return Status::OK();
+  }
+
+ private:
+  const std::string bytes_;
+  const std::string name_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ObjectReader>> Storage::open(const std::string& key, uint64_t max_size) {
+  CKPTIO_ASSIGN_OR_RETURN(std::string bytes, get(key, max_size));
+  return std::unique_ptr<ObjectReader>(std::make_unique<InMemoryReader>(std::move(bytes), describe() + "/" + key));
+}
 
 Result<std::optional<int64_t>> Storage::newest_change(const std::string& prefix) {
   CKPTIO_ASSIGN_OR_RETURN(ListResult listed, list(prefix, /*delimiter=*/false));

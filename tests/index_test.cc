@@ -465,6 +465,75 @@ TEST(IndexReaders, ASplitReadGivesTheOneThreadResult) {
   EXPECT_TRUE(*parsed == alone);
 }
 
+// parse_index_arriving reads the first part of a text while the rest is
+// brought in (on the helper thread). Whatever the split point and the part
+// already in, the result is parse_index's, the rest is brought in exactly
+// once, and nothing of it is looked at before: here it is garbage until
+// then. A text whose root closes inside the first part (its split point in
+// the metadata, never reached) still has what follows checked.
+TEST(IndexReaders, ATextReadWhileItArrivesGivesTheWholeTextResult) {
+  Builder b;
+  for (int i = 0; i < 40; ++i)
+    b.leaf(i % 3 ? "model" : "tx", "p." + std::to_string(i), DType::kFloat16, {3, 5}, grid({3, 5}, {3, 1}),
+           "data-0123456789abcdef-" + std::to_string(i % 2) + ".bin");
+  const std::string valid = serialize_index(b.metadata(R"({"x":[{"path":1},"{\"path\""]})").build());
+  const std::vector<std::string> texts = {
+      valid,
+      valid + "  \n",                                                       // taken
+      valid + " x",                                                          // refused
+      std::string(valid).replace(valid.rfind("\"p.38\""), 6, "\"p.1\""),  // a duplicate path, late
+  };
+  size_t reads = 0, taken = 0;
+  for (const std::string& text : texts) {
+    auto whole = parse_index(text);
+    std::vector<size_t> splits = {std::string::npos, text.find("{\"path\":1}"), text.find("{\"path\": \"p.20\"")};
+    for (size_t at = 0; at < text.size(); at += 211) splits.push_back(at);
+    for (size_t loaded : {size_t{0}, text.size() / 3, text.size() / 2, valid.size(), text.size() - 1, text.size()}) {
+      loaded = std::min(loaded, text.size());
+      for (size_t split : splits) {
+        std::string arriving = text.substr(0, loaded) + std::string(text.size() - loaded, '}');
+        int calls = 0;
+        const std::function<Status()> rest = [&] {
+          ++calls;
+          arriving.replace(loaded, text.size() - loaded, text.substr(loaded));
+          return Status::OK();
+        };
+        auto got = index_readers::parse_index_arriving(
+            arriving, loaded, rest, {}, split == std::string::npos ? std::nullopt : std::optional<size_t>(split));
+        ASSERT_EQ(calls, 1) << "loaded " << loaded << ", split " << split;
+        ASSERT_EQ(got.ok(), whole.ok()) << "loaded " << loaded << ", split " << split << ":\n" << text;
+        if (whole.ok()) ASSERT_TRUE(*got == *whole) << "loaded " << loaded << ", split " << split;
+        else EXPECT_EQ(got.status().to_string(), whole.status().to_string());
+        ++reads;
+        taken += got.ok();
+      }
+    }
+  }
+  EXPECT_GT(reads, 4 * 6 * 10u);
+  EXPECT_GT(taken, 2 * 6 * 10u);
+  // The error of bringing in the rest is the result.
+  const std::function<Status()> fails = [] { return io_error("read index: the disk is gone"); };
+  auto got = index_readers::parse_index_arriving(valid, valid.size() / 2, fails);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), Code::kIOError);
+  // A large text: split by itself in the first part, same Index.
+  Builder big;
+  for (int i = 0; i < 8000; ++i)
+    big.leaf("model", "params.layers." + std::to_string(i) + ".kernel", DType::kFloat32, {4, 4},
+             grid({4, 4}, {1, 1}), "data-0123456789abcdef-0.bin");
+  const std::string large = serialize_index(big.build());
+  ASSERT_GT(large.size(), size_t{1} << 20);
+  const size_t first = large.size() / 2 + 4096;
+  std::string arriving = large.substr(0, first) + std::string(large.size() - first, ' ');
+  const std::function<Status()> rest = [&] {
+    arriving.replace(first, large.size() - first, large.substr(first));
+    return Status::OK();
+  };
+  auto parsed = index_readers::parse_index_arriving(arriving, first, rest);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  EXPECT_TRUE(*parsed == *parse_index(large));
+}
+
 // Many leaves are checked for duplicate paths by two threads, each over
 // half of the hash space: the first duplicate in order is still the one
 // reported, with the first leaf of its path, wherever the two fall.

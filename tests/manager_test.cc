@@ -550,13 +550,18 @@ TEST_P(ManagerTest, EmptyStateAndManyTinyLeaves) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_TRUE(r->leaves.empty());
 
+  // 20,000 leaves: an index over 4 MiB, which restore reads in two parts,
+  // parsing the first while the second is read.
   std::vector<OwnedLeaf> many;
-  for (int i = 0; i < 10000; ++i)
+  for (int i = 0; i < 20000; ++i)
     many.push_back(make_leaf(i % 2 ? "model" : "tx", "leaf." + std::to_string(i), DType::kUInt8,
                              {static_cast<int64_t>(i % 7)}, i));
   auto h = m->save(2, views(many));
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+  auto index = m->read_index(2);
+  ASSERT_TRUE(index.ok()) << index.status().to_string();
+  ASSERT_GT(serialize_index(*index).size(), size_t{4} << 20);
   r = m->restore(2);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   ASSERT_EQ(r->leaves.size(), many.size());
@@ -568,7 +573,7 @@ TEST_P(ManagerTest, EmptyStateAndManyTinyLeaves) {
     if (t.data.size()) EXPECT_EQ(std::memcmp(t.data.data(), many[i].bytes.data(), t.data.size()), 0);
     ++checked;
   }
-  EXPECT_EQ(checked, 10000u);
+  EXPECT_EQ(checked, 20000u);
 }
 
 TEST_P(ManagerTest, RestoreIntoCallerBuffers) {

@@ -276,6 +276,33 @@ TEST_P(StorageConformanceTest, MissingObjects) {
   EXPECT_EQ(storage().stat("present/x").status().code(), Code::kNotFound);
 }
 
+// open(): one version of an object, read in parts (on two threads at
+// once), even when its key is replaced meanwhile.
+TEST_P(StorageConformanceTest, OpenReadsOneVersionInParts) {
+  const std::string a(300'000, 'a'), b(100'000, 'b');
+  ASSERT_TRUE(put_string(storage(), "opened/index", a).ok());
+  auto r = storage().open("opened/index", 1 << 20);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ((*r)->size(), a.size());
+  ASSERT_TRUE(put_string(storage(), "opened/index", b).ok());  // replaced after the open
+  std::string got(a.size(), '\0');
+  auto* dst = reinterpret_cast<std::byte*>(got.data());
+  std::thread second([&] { EXPECT_TRUE((*r)->read(150'000, 150'000, dst + 150'000).ok()); });
+  EXPECT_TRUE((*r)->read(0, 150'000, dst).ok());
+  second.join();
+  EXPECT_EQ(got, a);
+  Status past = (*r)->read(299'990, 20, dst);
+  EXPECT_EQ(past.code(), Code::kDataLoss) << past.to_string();
+  EXPECT_NE(past.message().find("opened/index"), std::string::npos) << past.to_string();
+  // The new version from a new open; the limits and missing keys as get().
+  auto again = storage().open("opened/index", 1 << 20);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ((*again)->size(), b.size());
+  EXPECT_EQ(storage().open("opened/index", b.size() - 1).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(storage().open("opened/absent", 100).status().code(), Code::kNotFound);
+  EXPECT_EQ(storage().open("opened", 100).status().code(), Code::kNotFound);
+}
+
 TEST_P(StorageConformanceTest, ReadPastEndIsDataLoss) {
   const auto content = pattern_bytes(10'000, 15);
   ASSERT_TRUE(write_object(storage(), "short/obj", content).ok());

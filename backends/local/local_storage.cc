@@ -68,6 +68,7 @@ class LocalStorage final : public Storage {
   Status put(const std::string& key, std::span<const std::byte> data) override;
   Result<std::string> get(const std::string& key, uint64_t max_size) override;
   Result<uint64_t> stat(const std::string& key) override;
+  Result<std::unique_ptr<ObjectReader>> open(const std::string& key, uint64_t max_size) override;
 
   Status read(std::span<const ReadRequest> requests) override {
     return read_files(root_, requests, read_settings_, *ring_, pool_);
@@ -123,19 +124,44 @@ Status LocalStorage::put(const std::string& key, std::span<const std::byte> data
 }
 
 Result<std::string> LocalStorage::get(const std::string& key, uint64_t max_size) {
+  CKPTIO_ASSIGN_OR_RETURN(std::unique_ptr<ObjectReader> object, open(key, max_size));
+  std::string out(object->size(), '\0');
+  CKPTIO_RETURN_IF_ERROR(object->read(0, out.size(), reinterpret_cast<std::byte*>(out.data())));
+  return out;
+}
+
+namespace {
+
+// The file as it was opened (its descriptor): a rename over its path
+// meanwhile does not change what is read.
+class FileReader final : public ObjectReader {
+ public:
+  FileReader(UniqueFd fd, uint64_t size, std::string path) : fd_(std::move(fd)), size_(size), path_(std::move(path)) {}
+  uint64_t size() const override { return size_; }
+  Status read(uint64_t offset, uint64_t length, std::byte* dst) override {
+    return read_fully(fd_.get(), dst, length, offset, path_);
+  }
+
+ private:
+  const UniqueFd fd_;
+  const uint64_t size_;
+  const std::string path_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ObjectReader>> LocalStorage::open(const std::string& key, uint64_t max_size) {
   CKPTIO_RETURN_IF_ERROR(check_key(key));
   const std::string path = join_path(root_, key);
   CKPTIO_ASSIGN_OR_RETURN(UniqueFd fd, open_beneath(root_, key, O_RDONLY));  // never through a link
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return Status::from_errno(errno, "stat " + path);
-  if (S_ISDIR(st.st_mode)) return not_found("get " + path + ": is a directory, not an object");
+  if (S_ISDIR(st.st_mode)) return not_found("open " + path + ": is a directory, not an object");
   const auto size = static_cast<uint64_t>(st.st_size);
   if (size > max_size)
-    return invalid_argument("get " + path + ": " + std::to_string(size) + " bytes exceeds the limit of " +
+    return invalid_argument("open " + path + ": " + std::to_string(size) + " bytes exceeds the limit of " +
                             std::to_string(max_size));
-  std::string out(size, '\0');
-  CKPTIO_RETURN_IF_ERROR(read_fully(fd.get(), reinterpret_cast<std::byte*>(out.data()), size, 0, path));
-  return out;
+  return std::unique_ptr<ObjectReader>(std::make_unique<FileReader>(std::move(fd), size, path));
 }
 
 Result<uint64_t> LocalStorage::stat(const std::string& key) {

@@ -91,6 +91,18 @@ struct ListResult {
   std::vector<std::string> prefixes;    // with a delimiter: "run-5/" style groups
 };
 
+// One version of an object, open for reads at any offset: every read sees
+// the bytes of the object as it was opened, even if its key is replaced
+// meanwhile (a local file's descriptor). Storage::open makes one.
+class ObjectReader {
+ public:
+  virtual ~ObjectReader() = default;
+  virtual uint64_t size() const = 0;
+  // Exactly `length` bytes at `offset` into dst; past the end is kDataLoss.
+  // Reads of distinct ranges may run on different threads at once.
+  virtual Status read(uint64_t offset, uint64_t length, std::byte* dst) = 0;
+};
+
 enum class RenameMode {
   kNoReplace,  // fail with kAlreadyExists if `to` exists
   kExchange,   // atomically swap `from` and `to` (both must exist)
@@ -127,6 +139,12 @@ class Storage {
   virtual Result<std::string> get(const std::string& key, uint64_t max_size) = 0;
 
   virtual Result<uint64_t> stat(const std::string& key) = 0;
+
+  // Opens a whole small object (at most `max_size` bytes, else
+  // kInvalidArgument; kNotFound when absent) for reads in parts, so that a
+  // large index can be parsed while its end is still being read. The
+  // default reads it whole with get() and serves the parts from memory.
+  virtual Result<std::unique_ptr<ObjectReader>> open(const std::string& key, uint64_t max_size);
 
   // Reads every request (in parallel where the backend can). Returns the first
   // error, naming the key; a read past the end of an object is kDataLoss.

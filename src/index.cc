@@ -916,8 +916,8 @@ class FastReader {
 
   // False: not taken (the strict reader decides). `split`: where a helper
   // reads leaves (kNoSplit: none; default: near the middle of a large text).
-  // `arriving`: see above; rest() is called before this returns, unless it
-  // returns false first.
+  // `arriving`: see above; when all of the text is in already, it is read
+  // as any text and rest() is left to the caller.
   bool read(std::string_view text, Index* out, std::optional<size_t> split = std::nullopt,
             Arriving* arriving = nullptr) {
     if (text.size() > limits_.max_bytes || limits_.max_depth < kSchemaDepth ||
@@ -926,7 +926,7 @@ class FastReader {
     text_ = whole_ = text;
     p_ = text.data();
     end_ = p_ + text.size();
-    if (arriving) {
+    if (arriving && arriving->loaded < text.size()) {
       const std::string_view first = text.substr(0, arriving->loaded);
       start_helper(split                           ? *split
                    : text.size() >= kSplitBytes ? first.rfind("{\"path\"")  // the last leaf that is in

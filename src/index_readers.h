@@ -29,8 +29,9 @@ bool read_index_fast(std::string_view json, const IndexLimits& limits, Index* ou
 // rest() brings in the remainder (json's memory stays the caller's). The
 // first part is read while rest() runs on a helper thread, for a large text
 // whose first part holds a split point; otherwise rest() is called first.
-// rest() is called exactly once, before this returns; its error is
-// returned. The Index is parse_index(json)'s. `split`: where the helper
+// rest() is called once, before an Index or a parse error is returned (not
+// after an allocation failure, kInternal); its error is returned. The Index
+// is parse_index(json)'s. `split`: where the helper
 // reads leaves (any byte; tests and the fuzzer), by default the last
 // '{"path"' of the first part of a large text.
 Result<Index> parse_index_arriving(std::string_view json, size_t loaded, const std::function<Status()>& rest,

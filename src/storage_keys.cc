@@ -57,6 +57,7 @@ class InMemoryReader final : public ObjectReader {
     std::memcpy(dst, bytes_.data() + offset, length);
     return Status::OK();
   }
+  std::optional<std::string_view> in_memory() const override { return bytes_; }
 
  private:
   const std::string bytes_;

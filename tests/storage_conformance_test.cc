@@ -291,6 +291,7 @@ TEST_P(StorageConformanceTest, OpenReadsOneVersionInParts) {
   EXPECT_TRUE((*r)->read(0, 150'000, dst).ok());
   second.join();
   EXPECT_EQ(got, a);
+  if (const auto held = (*r)->in_memory()) EXPECT_EQ(*held, a);  // the version opened, too
   Status past = (*r)->read(299'990, 20, dst);
   EXPECT_EQ(past.code(), Code::kDataLoss) << past.to_string();
   EXPECT_NE(past.message().find("opened/index"), std::string::npos) << past.to_string();

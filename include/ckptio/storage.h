@@ -101,6 +101,9 @@ class ObjectReader {
   // Exactly `length` bytes at `offset` into dst; past the end is kDataLoss.
   // Reads of distinct ranges may run on different threads at once.
   virtual Status read(uint64_t offset, uint64_t length, std::byte* dst) = 0;
+  // The whole object, when the reader holds it in memory already (read()
+  // then copies out of it): a caller that wants all of it uses it in place.
+  virtual std::optional<std::string_view> in_memory() const { return std::nullopt; }
 };
 
 enum class RenameMode {

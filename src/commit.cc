@@ -17,10 +17,13 @@
 //
 // Object store (no rename): data objects go to <step>/data-<attempt>-N.bin,
 // then the index object <step>/ckptio_index.json is PUT last (S3 PUTs are
-// atomic and read-after-write consistent). An attempt that never wrote its
-// index is invisible to discovery; gc removes its objects. Overwrite replaces
-// the index in one PUT; the replaced step's data objects become garbage that
-// gc removes (they are not referenced by the new index).
+// atomic and read-after-write consistent), with Storage::put_new (S3:
+// If-None-Match: *), so that of two writers committing the same step at once
+// one fails with kAlreadyExists instead of replacing the other's index. An
+// attempt that never wrote its index is invisible to discovery; gc removes
+// its objects. Overwrite replaces the index in one PUT; the replaced step's
+// data objects become garbage that gc removes (they are not referenced by
+// the new index).
 #include "src/commit.h"
 
 #include "src/layout.h"
@@ -62,13 +65,22 @@ Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::s
                        bool overwrite) {
   const std::span<const std::byte> bytes = as_bytes(index_json);
   if (!paths.renames) {
-    if (!overwrite) {
-      auto st = storage.stat(index_key(paths.final_dir));
-      if (st.ok())
-        return Status(Code::kAlreadyExists, "step " + paths.final_dir + " is already committed");
-      if (st.status().code() != Code::kNotFound) return st.status();
-    }
-    return storage.put(index_key(paths.final_dir), bytes);
+    const std::string key = index_key(paths.final_dir);
+    if (overwrite) return storage.put(key, bytes);
+    auto already = [&] { return Status(Code::kAlreadyExists, "step " + paths.final_dir + " is already committed"); };
+    // The check catches a step committed before, on every server; put_new
+    // refuses one committed meanwhile by another writer, where the backend
+    // can (S3: If-None-Match).
+    auto st = storage.stat(key);
+    if (st.ok()) return already();
+    if (st.status().code() != Code::kNotFound) return st.status();
+    Status put = storage.put_new(key, bytes);
+    if (put.code() != Code::kAlreadyExists) return put;
+    // Ours, if a retried PUT met the object its first attempt had written
+    // (its answer lost): the index names this attempt's data files.
+    auto there = storage.get(key, bytes.size());
+    if (there.ok() && *there == index_json) return Status::OK();
+    return already();
   }
 
   Status renamed = storage.rename(paths.stage_dir + "/", paths.final_dir + "/", RenameMode::kNoReplace);

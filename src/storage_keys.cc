@@ -1,6 +1,6 @@
 // The storage seam's key rules (include/ckptio/storage.h), shared by the
 // memory and S3 backends; the local backend adds its temporary-file names.
-// Also the default Storage::newest_change and Storage::open.
+// Also the default Storage::newest_change, Storage::open and Storage::put_new.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -69,6 +69,13 @@ class InMemoryReader final : public ObjectReader {
 Result<std::unique_ptr<ObjectReader>> Storage::open(const std::string& key, uint64_t max_size) {
   CKPTIO_ASSIGN_OR_RETURN(std::string bytes, get(key, max_size));
   return std::unique_ptr<ObjectReader>(std::make_unique<InMemoryReader>(std::move(bytes), describe() + "/" + key));
+}
+
+Status Storage::put_new(const std::string& key, std::span<const std::byte> data) {
+  auto there = stat(key);
+  if (there.ok()) return Status(Code::kAlreadyExists, describe() + "/" + key + " already exists");
+  if (there.status().code() != Code::kNotFound) return there.status();
+  return put(key, data);
 }
 
 Result<std::optional<int64_t>> Storage::newest_change(const std::string& prefix) {

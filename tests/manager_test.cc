@@ -351,6 +351,38 @@ TEST_P(ManagerTest, ExistingStepNeedsOverwriteWhichIsAtomic) {
   EXPECT_TRUE(m->verify(3).ok());
 }
 
+// Two writers of one step (two jobs pointed at one base by mistake): the
+// second one's checks saw no step 3 (its stat()s of the index answer "not
+// found", as they would have before the first writer committed), yet its
+// commit must not replace the first writer's step: on an object store the
+// index is PUT with put_new (S3: If-None-Match), on a file system the step
+// directory is renamed without replacing.
+TEST_P(ManagerTest, SecondWriterOfAStepCommittedMeanwhileFailsAndReplacesNothing) {
+  auto first = manager();
+  auto a = sample_state(7), b = sample_state(8);
+  ASSERT_TRUE(first->save(3, views(a)).value().wait().ok());
+  faults_->add_rule(FaultRule{.op = FaultOp::kStat, .key_substr = "ckptio_index.json", .code = Code::kNotFound});
+  Status told;
+  ManagerOptions o;
+  o.on_commit = [&](const CommitEvent& e) { told = e.status; };
+  auto second = manager(o);
+  auto h = second->save(3, views(b));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  Status st = h->wait();
+  EXPECT_EQ(st.code(), Code::kAlreadyExists) << st.to_string();
+  EXPECT_EQ(told.code(), Code::kAlreadyExists) << told.to_string();
+  EXPECT_EQ(second->wait_until_finished().code(), Code::kAlreadyExists);
+  faults_->clear_rules();
+  auto r = first->restore(3);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  expect_restored(*r, a);
+  EXPECT_TRUE(first->verify(3).ok());
+  ASSERT_TRUE(first->gc().ok());
+  auto steps = first->all_steps();
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ(*steps, std::vector<int64_t>{3});
+}
+
 TEST_P(ManagerTest, RetentionKeepsLastAndEveryK) {
   auto m = manager({.max_to_keep = 2, .keep_every = 4});
   auto state = sample_state(9);

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/memory/memory_storage.h"
 #include "ckptio/ckptio.h"
 #include "testutil/leftovers.h"
 #include "testutil/s3_server.h"
@@ -420,6 +421,52 @@ TEST_F(S3MotoChaos, TotalOutageFailsCleanlyAndNothingIsLost) {
   ChaosState state;
   state.set(seed_, 1);
   EXPECT_EQ(state.differences(*back), "");
+}
+
+// The index PUT reaches moto and moto stores it, but the answer never comes
+// back (the connection is reset): the conditional PUT (If-None-Match: *) is
+// sent again and meets the index its first attempt wrote (412). The commit reads the index, finds its own, and the step is
+// committed; a second writer's index would have failed it instead.
+TEST_F(S3MotoChaos, IndexPutWhoseAnswerIsLostCommitsOnce) {
+  auto store = open_store(config_);
+  ASSERT_NE(store, nullptr);
+  std::atomic<int> callbacks{0};
+  Status told = internal_error("no callback");
+  ManagerOptions mo = manager_options();
+  mo.on_commit = [&](const CommitEvent& e) { told = e.status; ++callbacks; };
+  CheckpointManager m(store, mo);
+  ChaosState state;
+  state.set(seed_, 1);
+  ASSERT_NO_FATAL_FAILURE(rules("fault=reset when=response method=PUT path=ckptio_index[.]json count=1"));
+  auto h = m.save(1, state.views());
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  Status st = h->wait();
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  ASSERT_TRUE(m.wait_until_finished().ok());
+  EXPECT_EQ(callbacks.load(), 1);
+  EXPECT_TRUE(told.ok()) << told.to_string();
+  EXPECT_EQ(count("faults.reset"), 1) << "the answer to the index PUT was not lost: the scenario did not happen";
+  // Sent again (by the client's retry, or by libcurl itself on a reused
+  // connection): the index PUTs the proxy saw.
+  EXPECT_EQ(count("rule.0.matched"), 2);
+  rules("");
+  auto r = m.restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(state.differences(*r), "");
+  // And a second writer of step 1 is refused, even past the check before
+  // the PUT (a save whose checks ran before the first writer committed).
+  ChaosState other;
+  other.set(seed_ + 1, 1);
+  auto faulty = make_fault_storage(store);
+  faulty->add_rule(FaultRule{.op = FaultOp::kStat, .key_substr = "ckptio_index.json", .code = Code::kNotFound});
+  CheckpointManager second(faulty, manager_options());
+  auto h2 = second.save(1, other.views());
+  ASSERT_TRUE(h2.ok()) << h2.status().to_string();
+  EXPECT_EQ(h2->wait().code(), Code::kAlreadyExists) << h2->wait().to_string();
+  r = m.restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(state.differences(*r), "");
+  ASSERT_NO_FATAL_FAILURE(expect_clean_after_gc(m));
 }
 
 }  // namespace

@@ -43,7 +43,7 @@ INSTANTIATE_TEST_SUITE_P(S3Moto, StorageConformanceTest,
                          conformance_name);
 INSTANTIATE_TEST_SUITE_P(S3S3rver, StorageConformanceTest,
                          ::testing::Values(ConformanceBackend{
-                             "S3rver", open_test_storage, {"nonatomic_put", "nested_common_prefixes"}}),
+                             "S3rver", open_test_storage, {"nonatomic_put", "nested_common_prefixes", "unconditional_put"}}),
                          conformance_name);
 }  // namespace testutil
 

@@ -240,6 +240,58 @@ TEST_P(StorageConformanceTest, ConcurrentPutsAndGetsSeeWholeObjects) {
   EXPECT_EQ(put_failures.load(), 0);
 }
 
+// put_new() writes a key that holds nothing, and refuses one that holds an
+// object, leaving it as it was (a step's index on an object store: the
+// commit of a second writer of the same step must not replace the first's).
+TEST_P(StorageConformanceTest, PutNewRefusesAKeyThatHoldsAnObject) {
+  auto bytes = [](const std::string& s) {
+    return std::span<const std::byte>(reinterpret_cast<const std::byte*>(s.data()), s.size());
+  };
+  const std::string first = "first writer", second = "second writer, longer";
+  ASSERT_TRUE(storage().put_new("step-7/index", bytes(first)).ok());
+  EXPECT_EQ(fetch(storage(), "step-7/index"), first);
+  Status again = storage().put_new("step-7/index", bytes(second));
+  if (GetParam().has_gap("unconditional_put")) {  // the server ignores If-None-Match: it replaces
+    EXPECT_TRUE(again.ok()) << again.to_string();
+    EXPECT_EQ(fetch(storage(), "step-7/index"), second);
+  } else {
+    EXPECT_EQ(again.code(), Code::kAlreadyExists) << again.to_string();
+    EXPECT_EQ(fetch(storage(), "step-7/index"), first);
+  }
+  // put() still replaces; a key put() wrote is refused as well.
+  ASSERT_TRUE(put_string(storage(), "step-8/index", "by put").ok());
+  if (!GetParam().has_gap("unconditional_put"))
+    EXPECT_EQ(storage().put_new("step-8/index", bytes(second)).code(), Code::kAlreadyExists);
+  EXPECT_EQ(storage().put_new("step-9/index", {}).code(), Code::kOk);
+  EXPECT_EQ(fetch(storage(), "step-9/index"), "");
+}
+
+// Of writers racing to put_new() one key, exactly one wins, and the key
+// holds its bytes.
+TEST_P(StorageConformanceTest, RacingPutNewsOneWins) {
+  constexpr int kWriters = 6, kKeys = 8;
+  for (int k = 0; k < kKeys; ++k) {
+    const std::string key = "race/step-" + std::to_string(k) + "/index";
+    std::vector<std::string> content(kWriters);
+    std::vector<Status> got(kWriters);
+    std::vector<std::thread> writers;
+    for (int w = 0; w < kWriters; ++w) content[w] = "writer " + std::to_string(w) + std::string(1000 * w, 'x');
+    for (int w = 0; w < kWriters; ++w)
+      writers.emplace_back([&, w] {
+        got[w] = storage().put_new(key, {reinterpret_cast<const std::byte*>(content[w].data()), content[w].size()});
+      });
+    for (auto& t : writers) t.join();
+    int won = -1, wins = 0;
+    for (int w = 0; w < kWriters; ++w) {
+      if (got[w].ok()) ++wins, won = w;
+      else EXPECT_EQ(got[w].code(), Code::kAlreadyExists) << key << ", writer " << w << ": " << got[w].to_string();
+    }
+    if (GetParam().has_gap("unconditional_put")) continue;  // every writer may "win" there
+    ASSERT_EQ(wins, 1) << key;
+    EXPECT_EQ(fetch(storage(), key), content[won]) << key;
+  }
+}
+
 TEST_P(StorageConformanceTest, GetHonoursMaxSize) {
   ASSERT_TRUE(put_string(storage(), "sized", std::string(100, 'z')).ok());
   EXPECT_EQ(storage().get("sized", 99).status().code(), Code::kInvalidArgument);

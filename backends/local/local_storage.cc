@@ -6,6 +6,8 @@
 //                 the key, fsync the key's directory. Readers see the old or
 //                 the new file, never a mix; after put() returns, a power cut
 //                 keeps the new file. Any error unlinks the temporary.
+//   put_new(key): the same with renameat2(RENAME_NOREPLACE): EEXIST is
+//                 kAlreadyExists (and the key's file is left as it was).
 //   directories:  make_dirs() fsyncs the parent of every directory it creates,
 //                 so a durable file is never left in an unreachable directory.
 //   rename(a, b): renameat2 (RENAME_NOREPLACE or RENAME_EXCHANGE), then fsync
@@ -65,7 +67,8 @@ class LocalStorage final : public Storage {
     return open_writer(ring_, join_path(root_, key), size_hint, writer_options_);
   }
 
-  Status put(const std::string& key, std::span<const std::byte> data) override;
+  Status put(const std::string& key, std::span<const std::byte> data) override { return put(key, data, true); }
+  Status put_new(const std::string& key, std::span<const std::byte> data) override { return put(key, data, false); }
   Result<std::string> get(const std::string& key, uint64_t max_size) override;
   Result<uint64_t> stat(const std::string& key) override;
   Result<std::unique_ptr<ObjectReader>> open(const std::string& key, uint64_t max_size) override;
@@ -96,6 +99,8 @@ class LocalStorage final : public Storage {
   Status sync(const std::string& prefix) override;
 
  private:
+  Status put(const std::string& key, std::span<const std::byte> data, bool replace);
+
   const std::string root_;  // absolute, no trailing '/'
   const std::shared_ptr<Ring> ring_;
   const WriterOptions writer_options_;
@@ -103,7 +108,7 @@ class LocalStorage final : public Storage {
   PreadPool pool_;
 };
 
-Status LocalStorage::put(const std::string& key, std::span<const std::byte> data) {
+Status LocalStorage::put(const std::string& key, std::span<const std::byte> data, bool replace) {
   CKPTIO_RETURN_IF_ERROR(check_key(key));
   const std::string dir = parent_of(key);
   CKPTIO_RETURN_IF_ERROR(make_dirs(root_, dir));
@@ -114,8 +119,11 @@ Status LocalStorage::put(const std::string& key, std::span<const std::byte> data
   Status st = write_fully(fd, data, 0, path);
   if (st.ok() && ::fsync(fd) != 0) st = Status::from_errno(errno, "fsync " + path);
   if (::close(fd) != 0 && st.ok()) st = Status::from_errno(errno, "close " + path);
-  if (st.ok() && ::rename(temp.c_str(), path.c_str()) != 0)
+  if (st.ok() && replace && ::rename(temp.c_str(), path.c_str()) != 0)
     st = Status::from_errno(errno, "rename " + temp + " to " + path);
+  if (st.ok() && !replace && ::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) != 0)
+    st = errno == EEXIST ? Status(Code::kAlreadyExists, path + " already exists")
+                         : Status::from_errno(errno, "rename " + temp + " to " + path + " (no replace)");
   if (!st.ok()) {
     ::unlink(temp.c_str());
     return st;

@@ -113,6 +113,7 @@ class FaultStorageImpl final : public FaultStorage,
   Status abort_unfinished(const std::string& key) override { return base_->abort_unfinished(key); }
   Result<std::unique_ptr<WritableObject>> create(const std::string& key, uint64_t size_hint) override;
   Status put(const std::string& key, std::span<const std::byte> data) override;
+  Status put_new(const std::string& key, std::span<const std::byte> data) override;
   Result<std::string> get(const std::string& key, uint64_t max_size) override;
   Result<uint64_t> stat(const std::string& key) override;
   Status read(std::span<const ReadRequest> requests) override;
@@ -339,6 +340,14 @@ Status FaultStorageImpl::put(const std::string& key, std::span<const std::byte> 
   CKPTIO_RETURN_IF_ERROR(before(FaultOp::kPut, key));
   std::lock_guard lock(books_mu_);
   Status st = base_->put(key, data);
+  if (st.ok()) unsynced_names_.erase(key);  // put syncs its directory
+  return st;
+}
+
+Status FaultStorageImpl::put_new(const std::string& key, std::span<const std::byte> data) {
+  CKPTIO_RETURN_IF_ERROR(before(FaultOp::kPut, key));
+  std::lock_guard lock(books_mu_);
+  Status st = base_->put_new(key, data);
   if (st.ok()) unsynced_names_.erase(key);  // put syncs its directory
   return st;
 }

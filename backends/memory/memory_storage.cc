@@ -48,6 +48,7 @@ class MemoryStorage final : public Storage, public std::enable_shared_from_this<
 
   Result<std::unique_ptr<WritableObject>> create(const std::string& key, uint64_t size_hint) override;
   Status put(const std::string& key, std::span<const std::byte> data) override;
+  Status put_new(const std::string& key, std::span<const std::byte> data) override;
   Result<std::string> get(const std::string& key, uint64_t max_size) override;
   Result<uint64_t> stat(const std::string& key) override;
   Status read(std::span<const ReadRequest> requests) override;
@@ -194,6 +195,16 @@ Status MemoryStorage::put(const std::string& key, std::span<const std::byte> dat
   if (data.data() == nullptr && !data.empty()) return invalid_argument("put from null");
   publish(key, std::make_shared<const std::string>(reinterpret_cast<const char*>(data.data()),
                                                    data.size()));
+  return Status::OK();
+}
+
+Status MemoryStorage::put_new(const std::string& key, std::span<const std::byte> data) {
+  CKPTIO_RETURN_IF_ERROR(check_key(key));
+  if (data.data() == nullptr && !data.empty()) return invalid_argument("put from null");
+  auto content = std::make_shared<const std::string>(reinterpret_cast<const char*>(data.data()), data.size());
+  std::lock_guard lock(mu_);
+  auto [it, fresh] = objects_.try_emplace(key, Stored{std::move(content), unix_ns_now()});
+  if (!fresh) return Status(Code::kAlreadyExists, describe() + "/" + key + " already exists");
   return Status::OK();
 }
 

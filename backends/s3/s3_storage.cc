@@ -385,6 +385,33 @@ class S3StorageImpl : public S3Storage {
     return client_.execute_sync(std::move(op)).first;
   }
 
+  // A conditional PutObject (If-None-Match: *): 412 PreconditionFailed when
+  // the key holds an object. A server that answers 501 NotImplemented to the
+  // condition gets a stat() and a plain PUT (not atomic), with a warning.
+  // (A PUT whose answer was lost and that is retried meets its own object:
+  // 412. The caller tells that apart by reading the object, as the commit
+  // does.)
+  Status put_new(const std::string& key, std::span<const std::byte> data) override {
+    CKPTIO_RETURN_IF_ERROR(check_storage_key(key));
+    S3Op op;
+    op.method = "PUT";
+    op.key = full(key);
+    op.body = data;
+    op.headers.emplace_back("If-None-Match", "*");
+    auto [st, resp] = client_.execute_sync(std::move(op));
+    if (resp.status == 412) return Status(Code::kAlreadyExists, client_.describe(full(key)) + " already exists");
+    if (st.code() == Code::kUnimplemented) {
+      static std::once_flag warned;
+      std::call_once(warned, [&] {
+        spdlog::warn("ckptio: {} refuses conditional PUTs ({}): a step's index is written after a check "
+                     "instead, which two writers of the same step could both pass",
+                     client_.describe(""), st.to_string());
+      });
+      return Storage::put_new(key, data);
+    }
+    return st;
+  }
+
   Result<std::string> get(const std::string& key, uint64_t max_size) override {
     CKPTIO_RETURN_IF_ERROR(check_storage_key(key));
     S3Op op;

@@ -137,6 +137,15 @@ class Storage {
   // Writes a small whole object atomically and durably (the index): readers
   // see the old object or the new one, never a mix.
   virtual Status put(const std::string& key, std::span<const std::byte> data) = 0;
+  // As put(), for a key that must hold no object yet (a step's index on an
+  // object store, where no rename can refuse to replace a step): when one is
+  // there, kAlreadyExists and nothing written. Atomic against concurrent
+  // put_new()s of the same key on the backends here: local (rename with
+  // RENAME_NOREPLACE), memory (under its lock), S3 (If-None-Match: *, which
+  // AWS S3, MinIO, Ceph RGW and moto honour; a server that ignores the
+  // header, as s3rver 3.7 does, replaces the object like put()). The default
+  // stat()s, then put()s: not atomic.
+  virtual Status put_new(const std::string& key, std::span<const std::byte> data);
 
   // Reads a whole small object; fails with kInvalidArgument above `max_size`.
   virtual Result<std::string> get(const std::string& key, uint64_t max_size) = 0;

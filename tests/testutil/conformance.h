@@ -46,6 +46,8 @@ struct ConformanceBackend {
   //   "nonatomic_put"          a GET may see an object half rewritten
   //   "nested_common_prefixes" a delimiter listing omits "directories"
   //                            that hold only deeper keys
+  //   "unconditional_put"      PUT ignores If-None-Match: *, so put_new()
+  //                            replaces an object like put()
   // The assertions that need the missing behaviour are not made for such a
   // backend; everything else is.
   std::vector<std::string> gaps = {};

@@ -114,6 +114,7 @@ class FaultStorageImpl final : public FaultStorage,
   Result<std::unique_ptr<WritableObject>> create(const std::string& key, uint64_t size_hint) override;
   Status put(const std::string& key, std::span<const std::byte> data) override;
   Status put_new(const std::string& key, std::span<const std::byte> data) override;
+  Status put_either(const std::string& key, const std::function<Status()>& put);
   Result<std::string> get(const std::string& key, uint64_t max_size) override;
   Result<uint64_t> stat(const std::string& key) override;
   Status read(std::span<const ReadRequest> requests) override;
@@ -337,17 +338,17 @@ Status FaultStorageImpl::finish_object(uint64_t id, const std::string& key,
 }
 
 Status FaultStorageImpl::put(const std::string& key, std::span<const std::byte> data) {
-  CKPTIO_RETURN_IF_ERROR(before(FaultOp::kPut, key));
-  std::lock_guard lock(books_mu_);
-  Status st = base_->put(key, data);
-  if (st.ok()) unsynced_names_.erase(key);  // put syncs its directory
-  return st;
+  return put_either(key, [&] { return base_->put(key, data); });
 }
 
 Status FaultStorageImpl::put_new(const std::string& key, std::span<const std::byte> data) {
+  return put_either(key, [&] { return base_->put_new(key, data); });  // a kPut rule fails it too
+}
+
+Status FaultStorageImpl::put_either(const std::string& key, const std::function<Status()>& put) {
   CKPTIO_RETURN_IF_ERROR(before(FaultOp::kPut, key));
   std::lock_guard lock(books_mu_);
-  Status st = base_->put_new(key, data);
+  Status st = put();
   if (st.ok()) unsynced_names_.erase(key);  // put syncs its directory
   return st;
 }

@@ -378,11 +378,14 @@ class S3StorageImpl : public S3Storage {
 
   Status put(const std::string& key, std::span<const std::byte> data) override {
     CKPTIO_RETURN_IF_ERROR(check_storage_key(key));
+    return client_.execute_sync(put_op(key, data)).first;
+  }
+  S3Op put_op(const std::string& key, std::span<const std::byte> data) const {
     S3Op op;
     op.method = "PUT";
     op.key = full(key);
     op.body = data;
-    return client_.execute_sync(std::move(op)).first;
+    return op;
   }
 
   // A conditional PutObject (If-None-Match: *): 412 PreconditionFailed when
@@ -393,10 +396,7 @@ class S3StorageImpl : public S3Storage {
   // does.)
   Status put_new(const std::string& key, std::span<const std::byte> data) override {
     CKPTIO_RETURN_IF_ERROR(check_storage_key(key));
-    S3Op op;
-    op.method = "PUT";
-    op.key = full(key);
-    op.body = data;
+    S3Op op = put_op(key, data);
     op.headers.emplace_back("If-None-Match", "*");
     auto [st, resp] = client_.execute_sync(std::move(op));
     if (resp.status == 412) return Status(Code::kAlreadyExists, client_.describe(full(key)) + " already exists");

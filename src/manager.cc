@@ -749,8 +749,11 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
   // Retention is the committer's job: process 0 of a group.
   if (st.ok() && owner->options().processes.index == 0 &&
       (owner->options().max_to_keep > 0 || owner->options().keep_every > 0)) {
-    Status r = owner->apply_retention(owner->options().max_to_keep, owner->options().keep_every);
-    if (!r.ok()) spdlog::warn("ckptio: retention after step {}: {}", job.step, r.to_string());
+    RetentionEvent r;
+    r.after_step = job.step;
+    r.status = retain(owner->options().max_to_keep, owner->options().keep_every, &r.deleted);
+    if (!r.status.ok()) spdlog::warn("ckptio: retention after step {}: {}", job.step, r.status.to_string());
+    if (owner->options().on_retention) owner->options().on_retention(r);
   }
   {
     std::lock_guard lock(mu);
@@ -887,7 +890,11 @@ Status CheckpointManager::remove_step(int64_t step) {
 }
 
 Status CheckpointManager::apply_retention(int max_to_keep, int64_t keep_every) {
-  CKPTIO_ASSIGN_OR_RETURN(auto steps, impl_->committed_steps(/*parse=*/false, false));
+  return impl_->retain(max_to_keep, keep_every, nullptr);
+}
+
+Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std::vector<int64_t>* deleted) {
+  CKPTIO_ASSIGN_OR_RETURN(auto steps, committed_steps(/*parse=*/false, false));
   if (steps.empty() || max_to_keep <= 0) return Status::OK();
   std::set<int64_t> keep(steps.end() - std::min<size_t>(steps.size(), max_to_keep), steps.end());
   keep.insert(steps.back());  // never the latest
@@ -898,10 +905,11 @@ Status CheckpointManager::apply_retention(int max_to_keep, int64_t keep_every) {
   for (int64_t s : steps) {
     if (keep.count(s)) continue;
     {
-      std::lock_guard lock(impl_->mu);
-      if (impl_->restoring.count(s)) continue;  // never under a reader
+      std::lock_guard lock(mu);
+      if (restoring.count(s)) continue;  // never under a reader
     }
-    Status st = remove_step(s);
+    Status st = owner->remove_step(s);
+    if (st.ok() && deleted) deleted->push_back(s);
     if (!st.ok() && first.ok()) first = st.annotate("retention: delete step " + std::to_string(s));
   }
   return first;

@@ -85,6 +85,8 @@ struct CheckpointManager::Impl {
   // parse or is missing from a directory holding data (POSIX) are skipped
   // with a warning (an error when strict).
   Result<std::vector<int64_t>> committed_steps(bool parse, bool newest_only);
+  // Retention (apply_retention); the steps deleted go to `deleted` when given.
+  Status retain(int max_to_keep, int64_t keep_every, std::vector<int64_t>* deleted);
   // Restores the step `index` describes (restore() after choosing it). Once
   // the data is read, the selected leaves' paths and shapes are moved out of
   // `index` into the result (no copy per leaf): the caller discards it.

@@ -397,6 +397,61 @@ TEST_P(ManagerTest, RetentionKeepsLastAndEveryK) {
   EXPECT_EQ(dirs->size(), 3u);
 }
 
+// Retention after each commit tells what it deleted and, when a delete
+// fails, which step is left; the save that ran it committed regardless.
+TEST_P(ManagerTest, RetentionReportsWhatItDeletedAndWhatItCouldNot) {
+  std::mutex mu;
+  std::vector<RetentionEvent> events;
+  ManagerOptions o;
+  o.max_to_keep = 2;
+  o.on_retention = [&](const RetentionEvent& e) {
+    std::lock_guard lock(mu);
+    events.push_back(e);
+  };
+  auto m = manager(o);
+  auto state = sample_state(9);
+  for (int64_t s = 1; s <= 3; ++s) ASSERT_TRUE(m->save(s, views(state)).value().wait().ok());
+  ASSERT_TRUE(m->wait_until_finished().ok());
+  {
+    std::lock_guard lock(mu);
+    ASSERT_EQ(events.size(), 3u);
+    EXPECT_EQ(events[2].after_step, 3);
+    EXPECT_EQ(events[2].deleted, std::vector<int64_t>{1});
+    EXPECT_TRUE(events[2].status.ok()) << events[2].status.to_string();
+    EXPECT_TRUE(events[0].deleted.empty());
+  }
+  // Deletes fail (POSIX: the rename that takes a step away; object stores:
+  // removing its index).
+  faults_->add_rule(FaultRule{.op = FaultOp::kRename, .key_substr = ".del-", .code = Code::kPermissionDenied});
+  faults_->add_rule(FaultRule{.op = FaultOp::kRemove, .key_substr = "ckptio_index.json", .code = Code::kPermissionDenied});
+  ASSERT_TRUE(m->save(4, views(state)).value().wait().ok());
+  ASSERT_TRUE(m->wait_until_finished().ok()) << "a failed retention fails no save";
+  {
+    std::lock_guard lock(mu);
+    ASSERT_EQ(events.size(), 4u);
+    EXPECT_EQ(events[3].after_step, 4);
+    EXPECT_TRUE(events[3].deleted.empty());
+    EXPECT_EQ(events[3].status.code(), Code::kPermissionDenied) << events[3].status.to_string();
+    EXPECT_NE(events[3].status.message().find("retention: delete step 2"), std::string::npos)
+        << events[3].status.to_string();
+  }
+  auto steps = m->all_steps();
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ(*steps, (std::vector<int64_t>{2, 3, 4}));
+  faults_->clear_rules();
+  ASSERT_TRUE(m->save(5, views(state)).value().wait().ok());
+  ASSERT_TRUE(m->wait_until_finished().ok());
+  {
+    std::lock_guard lock(mu);
+    ASSERT_EQ(events.size(), 5u);
+    EXPECT_EQ(events[4].deleted, (std::vector<int64_t>{2, 3}));
+    EXPECT_TRUE(events[4].status.ok()) << events[4].status.to_string();
+  }
+  steps = m->all_steps();
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ(*steps, (std::vector<int64_t>{4, 5}));
+}
+
 TEST_P(ManagerTest, SelectionByPrefixAndRegex) {
   auto m = manager();
   auto state = sample_state(11);

@@ -63,6 +63,15 @@ struct CommitEvent {
   SaveStats stats;
 };
 
+// Retention after a commit (ManagerOptions::max_to_keep / keep_every).
+struct RetentionEvent {
+  int64_t after_step = 0;        // the step whose commit ran it
+  std::vector<int64_t> deleted;  // the steps it deleted, ascending
+  // OK, or why a step it meant to delete is still there (the first such
+  // failure; it tried every step). A failure costs space, never a step.
+  Status status;
+};
+
 // Multi-process save (docs/multiprocess.md). N processes save the same step
 // to the same base: each writes its own data file and a manifest of the
 // shards it wrote; process 0, the coordinator, waits until every manifest is
@@ -129,6 +138,10 @@ struct ManagerOptions {
   // SaveHandle::wait() returns, the callback has run). It must not wait on
   // that handle.
   std::function<void(const CommitEvent&)> on_commit;
+  // Runs after each retention that follows a commit, on the worker thread,
+  // before wait_until_finished() returns; a failure is also logged. The save
+  // that ran it committed whatever retention's outcome.
+  std::function<void(const RetentionEvent&)> on_retention;
   // This process's place in a multi-process save (see ProcessGroup).
   ProcessGroup processes;
 };

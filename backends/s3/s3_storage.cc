@@ -351,43 +351,10 @@ class S3StorageImpl : public S3Storage {
     return start_object(key, size_hint, true);
   }
 
-  Result<std::unique_ptr<WritableObject>> start_object(const std::string& key, uint64_t size_hint, bool early) {
-    CKPTIO_RETURN_IF_ERROR(check_storage_key(key));
-    const uint64_t part = client_.config().part_size;
-    if (part < kMinPart)
-      return invalid_argument("S3 part size " + std::to_string(part) + " is below S3's 5 MiB minimum");
-    if (size_hint > kMaxParts * part)
-      return invalid_argument(client_.describe(full(key)) + ": " + std::to_string(size_hint) +
-                              " bytes need more than 10000 parts of " + std::to_string(part) +
-                              " bytes; raise the part size");
-    std::string upload_id;
-    if (size_hint > part) {
-      S3Op op;
-      op.method = "POST";
-      op.key = full(key);
-      op.query = {{"uploads", ""}};
-      auto [st, resp] = client_.execute_sync(std::move(op));
-      if (!st.ok()) return st.annotate("CreateMultipartUpload");
-      auto id = parse_initiate_multipart(resp.body);
-      if (!id.ok()) return id.status().annotate(client_.describe(full(key)));
-      upload_id = std::move(id).value();
-    }
-    return std::unique_ptr<WritableObject>(
-        std::make_unique<S3Writer>(client_, full(key), part, size_hint, std::move(upload_id), early));
-  }
-
   Status put(const std::string& key, std::span<const std::byte> data) override {
     CKPTIO_RETURN_IF_ERROR(check_storage_key(key));
     return client_.execute_sync(put_op(key, data)).first;
   }
-  S3Op put_op(const std::string& key, std::span<const std::byte> data) const {
-    S3Op op;
-    op.method = "PUT";
-    op.key = full(key);
-    op.body = data;
-    return op;
-  }
-
   // A conditional PutObject (If-None-Match: *): 412 PreconditionFailed when
   // the key holds an object. A server that answers 501 NotImplemented to the
   // condition gets a stat() and a plain PUT (not atomic), with a warning.
@@ -657,6 +624,40 @@ class S3StorageImpl : public S3Storage {
   }
 
  private:
+  // A data object's writer: `early` for create_new() (see S3Writer).
+  Result<std::unique_ptr<WritableObject>> start_object(const std::string& key, uint64_t size_hint, bool early) {
+    CKPTIO_RETURN_IF_ERROR(check_storage_key(key));
+    const uint64_t part = client_.config().part_size;
+    if (part < kMinPart)
+      return invalid_argument("S3 part size " + std::to_string(part) + " is below S3's 5 MiB minimum");
+    if (size_hint > kMaxParts * part)
+      return invalid_argument(client_.describe(full(key)) + ": " + std::to_string(size_hint) +
+                              " bytes need more than 10000 parts of " + std::to_string(part) +
+                              " bytes; raise the part size");
+    std::string upload_id;
+    if (size_hint > part) {
+      S3Op op;
+      op.method = "POST";
+      op.key = full(key);
+      op.query = {{"uploads", ""}};
+      auto [st, resp] = client_.execute_sync(std::move(op));
+      if (!st.ok()) return st.annotate("CreateMultipartUpload");
+      auto id = parse_initiate_multipart(resp.body);
+      if (!id.ok()) return id.status().annotate(client_.describe(full(key)));
+      upload_id = std::move(id).value();
+    }
+    return std::unique_ptr<WritableObject>(
+        std::make_unique<S3Writer>(client_, full(key), part, size_hint, std::move(upload_id), early));
+  }
+
+  S3Op put_op(const std::string& key, std::span<const std::byte> data) const {
+    S3Op op;
+    op.method = "PUT";
+    op.key = full(key);
+    op.body = data;
+    return op;
+  }
+
   struct Head {
     uint64_t size = 0;
     std::string etag;

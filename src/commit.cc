@@ -77,10 +77,12 @@ Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::s
     Status put = storage.put_new(key, bytes);
     if (put.code() != Code::kAlreadyExists) return put;
     // Ours, if a retried PUT met the object its first attempt had written
-    // (its answer lost): the index names this attempt's data files.
+    // (its answer lost): the index names this attempt's data files. One that
+    // cannot be read back is not called another writer's.
     auto there = storage.get(key, bytes.size());
-    if (there.ok() && *there == index_json) return Status::OK();
-    return already();
+    if (there.ok()) return *there == index_json ? Status::OK() : already();
+    if (there.status().code() == Code::kInvalidArgument) return already();  // larger than ours
+    return there.status().annotate("read back " + key + " after a conditional PUT found it there");
   }
 
   Status renamed = storage.rename(paths.stage_dir + "/", paths.final_dir + "/", RenameMode::kNoReplace);

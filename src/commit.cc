@@ -50,9 +50,9 @@ std::span<const std::byte> as_bytes(const std::string& s) {
 }  // namespace
 
 Status commit_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
-                      bool overwrite) {
+                      bool overwrite, bool* outcome_unknown) {
   CKPTIO_RETURN_IF_ERROR(stage_index(storage, paths, index_json));
-  return publish_attempt(storage, paths, index_json, overwrite);
+  return publish_attempt(storage, paths, index_json, overwrite, outcome_unknown);
 }
 
 Status stage_index(Storage& storage, const AttemptPaths& paths, const std::string& index_json) {
@@ -62,27 +62,38 @@ Status stage_index(Storage& storage, const AttemptPaths& paths, const std::strin
 }
 
 Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
-                       bool overwrite) {
+                       bool overwrite, bool* outcome_unknown) {
   const std::span<const std::byte> bytes = as_bytes(index_json);
   if (!paths.renames) {
     const std::string key = index_key(paths.final_dir);
-    if (overwrite) return storage.put(key, bytes);
     auto already = [&] { return Status(Code::kAlreadyExists, "step " + paths.final_dir + " is already committed"); };
-    // The check catches a step committed before, on every server; put_new
-    // refuses one committed meanwhile by another writer, where the backend
-    // can (S3: If-None-Match).
-    auto st = storage.stat(key);
-    if (st.ok()) return already();
-    if (st.status().code() != Code::kNotFound) return st.status();
-    Status put = storage.put_new(key, bytes);
-    if (put.code() != Code::kAlreadyExists) return put;
-    // Ours, if a retried PUT met the object its first attempt had written
-    // (its answer lost): the index names this attempt's data files. One that
-    // cannot be read back is not called another writer's.
+    if (!overwrite) {
+      // The check catches a step committed before, on every server; put_new
+      // refuses one committed meanwhile by another writer, where the
+      // backend can (S3: If-None-Match).
+      auto st = storage.stat(key);
+      if (st.ok()) return already();
+      if (st.status().code() != Code::kNotFound) return st.status();
+    }
+    Status put = overwrite ? storage.put(key, bytes) : storage.put_new(key, bytes);
+    if (put.ok()) return put;
+    // Refused (a PUT sent again may meet the index its first attempt
+    // wrote), or failed in a way that may come after the object was stored
+    // (the answer lost, every attempt since failed): whose index is there
+    // says whether the step is committed. The index names this attempt's
+    // data files, so ours is ours.
+    const bool refused = put.code() == Code::kAlreadyExists;
+    const bool maybe = put.code() == Code::kUnavailable || put.code() == Code::kIOError ||
+                       put.code() == Code::kInternal || put.code() == Code::kCancelled;
+    if (!refused && !maybe) return put;
     auto there = storage.get(key, bytes.size());
-    if (there.ok()) return *there == index_json ? Status::OK() : already();
-    if (there.status().code() == Code::kInvalidArgument) return already();  // larger than ours
-    return there.status().annotate("read back " + key + " after a conditional PUT found it there");
+    if (there.ok()) return *there == index_json ? Status::OK() : refused ? already() : put;
+    const Code code = there.status().code();
+    if (code == Code::kNotFound || code == Code::kInvalidArgument)  // none there, or a larger one: not ours
+      return refused ? already() : put;
+    if (outcome_unknown) *outcome_unknown = true;
+    return put.annotate("step " + paths.final_dir + " may or may not be committed (its index could not be read "
+                        "back: " + there.status().to_string() + "); its data is left for gc");
   }
 
   Status renamed = storage.rename(paths.stage_dir + "/", paths.final_dir + "/", RenameMode::kNoReplace);

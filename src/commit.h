@@ -21,9 +21,14 @@ AttemptPaths plan_attempt(const Storage& storage, const std::string& final_dir);
 AttemptPaths plan_attempt(const Storage& storage, const std::string& final_dir, const std::string& attempt);
 
 // Makes the staged step visible at its final name. Every data object must be
-// durable already. `overwrite` replaces a committed step atomically.
+// durable already. `overwrite` replaces a committed step atomically. On an
+// object store, an index PUT that failed in a way that may come after the
+// object was stored is settled by reading the index back (ours: committed);
+// when even that fails, the error comes with `*outcome_unknown` set: the
+// caller must then not discard the attempt's data (a committed index may
+// point to it; gc removes it if not).
 Status commit_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
-                      bool overwrite);
+                      bool overwrite, bool* outcome_unknown = nullptr);
 
 // commit_attempt in two halves, for a caller that checks the index while it
 // is being written: stage_index writes it where no reader looks yet (POSIX:
@@ -32,7 +37,7 @@ Status commit_attempt(Storage& storage, const AttemptPaths& paths, const std::st
 // visible.
 Status stage_index(Storage& storage, const AttemptPaths& paths, const std::string& index_json);
 Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
-                       bool overwrite);
+                       bool overwrite, bool* outcome_unknown = nullptr);
 
 // Removes what a failed attempt wrote (never a committed step's objects).
 void discard_attempt(Storage& storage, const AttemptPaths& paths,

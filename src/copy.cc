@@ -151,6 +151,7 @@ Result<CopyStats> copy_attempt(Storage& src, Storage& dst, const Namings& names,
   }
 
   const auto t0 = Clock::now();
+  bool outcome_unknown = false;
   auto streamed = stream_data_files(src, dst, s.index, plan);
   Status st = streamed.status();
   stats.data_seconds = seconds_since(t0);
@@ -159,11 +160,11 @@ Result<CopyStats> copy_attempt(Storage& src, Storage& dst, const Namings& names,
     stats.shards = streamed->shards;
     stats.files = s.index.files.size();
     const auto t1 = Clock::now();
-    st = commit_attempt(dst, paths, index_text, o.overwrite);
+    st = commit_attempt(dst, paths, index_text, o.overwrite, &outcome_unknown);
     stats.commit_seconds = seconds_since(t1);
   }
   if (!st.ok()) {
-    discard_attempt(dst, paths, dst_files);
+    if (!outcome_unknown) discard_attempt(dst, paths, dst_files);  // (else gc's, if not committed)
     return st;
   }
   return stats;

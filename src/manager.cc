@@ -708,6 +708,7 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
     if (job.group || std::exchange(told, true)) return;
     checksums_known.set_value(ok);
   };
+  bool outcome_unknown = false;  // the index PUT failed, and reading it back too
   Status st = write_data(job, crcs, stats.write_seconds, [&] { tell(true); });
   tell(st.ok());  // (the writes failed before all were queued, or none was)
   if (job.group) {
@@ -725,13 +726,13 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
     }
     Status check = checked.get();
     if (st.ok()) st = check.ok() ? staged : check;
-    if (st.ok()) st = publish_attempt(storage, job.paths, json, job.options.overwrite);
+    if (st.ok()) st = publish_attempt(storage, job.paths, json, job.options.overwrite, &outcome_unknown);
     stats.commit_seconds = seconds_since(t0);
   }
   if (!st.ok()) {
     if (job.group)  // the staging directory is shared: only this process's files
       for (const std::string& f : job.data_files) (void)storage.remove(job.paths.stage_dir + "/" + f);
-    else
+    else if (!outcome_unknown)  // (else a committed index may name them; gc removes them if not)
       discard_attempt(storage, job.paths, job.data_files);
     st = st.annotate("save step " + std::to_string(job.step));
     spdlog::error("ckptio: {}", st.to_string());

@@ -397,6 +397,48 @@ TEST_P(ManagerTest, RetentionKeepsLastAndEveryK) {
   EXPECT_EQ(dirs->size(), 3u);
 }
 
+// On an object store the index PUT is the commit. When its answer is lost
+// (the PUT took effect, the caller got an error), the commit reads the index
+// back: ours, so the step is committed and the save succeeds.
+TEST(ObjectStoreCommitTest, AnIndexPutWhoseAnswerIsLostCommits) {
+  auto faults = make_fault_storage(make_memory_storage(false));
+  CheckpointManager m(faults, ManagerOptions{.chunk_size = 64 * 1024});
+  auto a = sample_state(21);
+  faults->add_rule(FaultRule{.op = FaultOp::kPut, .key_substr = "ckptio_index.json", .code = Code::kUnavailable,
+                             .times = 1, .after = true});
+  auto h = m.save(1, views(a));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  Status st = h->wait();
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(faults->faults_fired(), 1u) << "the index PUT's answer was not lost: the case did not happen";
+  auto r = m.restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  expect_restored(*r, a);
+  EXPECT_TRUE(m.verify(1).ok());
+}
+
+// ... and when the index cannot be read back either, whether the step is
+// committed is unknown: the save fails saying so, and its data stays (here
+// the index did land: the step is whole once the storage answers again).
+TEST(ObjectStoreCommitTest, AnIndexPutOfUnknownOutcomeLeavesItsData) {
+  auto faults = make_fault_storage(make_memory_storage(false));
+  CheckpointManager m(faults, ManagerOptions{.chunk_size = 64 * 1024});
+  auto a = sample_state(22);
+  faults->add_rule(FaultRule{.op = FaultOp::kPut, .key_substr = "ckptio_index.json", .code = Code::kUnavailable,
+                             .times = 1, .after = true});
+  faults->add_rule(FaultRule{.op = FaultOp::kGet, .key_substr = "ckptio_index.json", .code = Code::kUnavailable});
+  auto h = m.save(1, views(a));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  Status st = h->wait();
+  EXPECT_EQ(st.code(), Code::kUnavailable) << st.to_string();
+  EXPECT_NE(st.message().find("may or may not be committed"), std::string::npos) << st.to_string();
+  faults->clear_rules();
+  auto r = m.restore(1);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  expect_restored(*r, a);
+  EXPECT_TRUE(m.verify(1).ok());
+}
+
 // Retention after each commit tells what it deleted and, when a delete
 // fails, which step is left; the save that ran it committed regardless.
 TEST_P(ManagerTest, RetentionReportsWhatItDeletedAndWhatItCouldNot) {

@@ -150,6 +150,8 @@ class FaultStorageImpl final : public FaultStorage,
   // Runs the hook, then the rules: the injected error, or OK. For a rename,
   // `other` is `to`; a rule matches if either name contains its substring.
   Status before(FaultOp op, const std::string& key, const std::string* other = nullptr);
+  // The rules with `after` set (checked once the operation took effect).
+  Status fire(FaultOp op, const std::string& key, const std::string* other, bool after);
 
   // FaultWriter's side of the books.
   uint64_t register_writer(FaultWriter* w) {
@@ -299,10 +301,13 @@ Status FaultStorageImpl::before(FaultOp op, const std::string& key, const std::s
     crashed_ = true;
     return Status(Code::kIOError, std::string("simulated power cut (") + op_name(op) + " '" + key + "')");
   }
+  return fire(op, key, other, false);
+}
 
+Status FaultStorageImpl::fire(FaultOp op, const std::string& key, const std::string* other, bool after) {
   std::lock_guard lock(rules_mu_);
   for (RuleState& r : rules_) {
-    if (r.rule.op != op || r.rule.code == Code::kOk) continue;
+    if (r.rule.op != op || r.rule.code == Code::kOk || r.rule.after != after) continue;
     const std::string& s = r.rule.key_substr;
     if (key.find(s) == std::string::npos && (!other || other->find(s) == std::string::npos)) continue;
     if (++r.matched <= r.rule.skip) continue;
@@ -347,10 +352,13 @@ Status FaultStorageImpl::put_new(const std::string& key, std::span<const std::by
 
 Status FaultStorageImpl::put_either(const std::string& key, const std::function<Status()>& put) {
   CKPTIO_RETURN_IF_ERROR(before(FaultOp::kPut, key));
-  std::lock_guard lock(books_mu_);
-  Status st = put();
-  if (st.ok()) unsynced_names_.erase(key);  // put syncs its directory
-  return st;
+  {
+    std::lock_guard lock(books_mu_);
+    Status st = put();
+    if (!st.ok()) return st;
+    unsynced_names_.erase(key);  // put syncs its directory
+  }
+  return fire(FaultOp::kPut, key, nullptr, /*after=*/true);
 }
 
 Result<std::string> FaultStorageImpl::get(const std::string& key, uint64_t max_size) {

@@ -45,6 +45,9 @@ struct FaultRule {
   uint64_t skip = 0;             // let this many matching calls pass first
   int64_t times = -1;            // fail this many matching calls (-1: forever)
   double probability = 1.0;      // of failing a matching call (seeded)
+  // kPut only: the put takes effect, then the error is returned (an answer
+  // lost on its way back: the caller cannot tell whether it did).
+  bool after = false;
 };
 
 // Wraps `base`. Every call first consults the rules; a firing rule returns its

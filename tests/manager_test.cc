@@ -397,6 +397,10 @@ TEST_P(ManagerTest, RetentionKeepsLastAndEveryK) {
   EXPECT_EQ(dirs->size(), 3u);
 }
 
+// The step's index is stored, and the caller told the PUT failed.
+const FaultRule kIndexPutAnswerLost{
+    .op = FaultOp::kPut, .key_substr = "ckptio_index.json", .code = Code::kUnavailable, .times = 1, .after = true};
+
 // On an object store the index PUT is the commit. When its answer is lost
 // (the PUT took effect, the caller got an error), the commit reads the index
 // back: ours, so the step is committed and the save succeeds.
@@ -404,8 +408,7 @@ TEST(ObjectStoreCommitTest, AnIndexPutWhoseAnswerIsLostCommits) {
   auto faults = make_fault_storage(make_memory_storage(false));
   CheckpointManager m(faults, ManagerOptions{.chunk_size = 64 * 1024});
   auto a = sample_state(21);
-  faults->add_rule(FaultRule{.op = FaultOp::kPut, .key_substr = "ckptio_index.json", .code = Code::kUnavailable,
-                             .times = 1, .after = true});
+  faults->add_rule(kIndexPutAnswerLost);
   auto h = m.save(1, views(a));
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   Status st = h->wait();
@@ -424,8 +427,7 @@ TEST(ObjectStoreCommitTest, AnIndexPutOfUnknownOutcomeLeavesItsData) {
   auto faults = make_fault_storage(make_memory_storage(false));
   CheckpointManager m(faults, ManagerOptions{.chunk_size = 64 * 1024});
   auto a = sample_state(22);
-  faults->add_rule(FaultRule{.op = FaultOp::kPut, .key_substr = "ckptio_index.json", .code = Code::kUnavailable,
-                             .times = 1, .after = true});
+  faults->add_rule(kIndexPutAnswerLost);
   faults->add_rule(FaultRule{.op = FaultOp::kGet, .key_substr = "ckptio_index.json", .code = Code::kUnavailable});
   auto h = m.save(1, views(a));
   ASSERT_TRUE(h.ok()) << h.status().to_string();

@@ -369,7 +369,7 @@ class S3StorageImpl : public S3Storage {
     if (resp.status == 412) return Status(Code::kAlreadyExists, client_.describe(full(key)) + " already exists");
     if (st.code() == Code::kUnimplemented) {
       static std::once_flag warned;
-      std::call_once(warned, [&] {
+      std::call_once(warned, [this, &st = st] {  // (a named capture: clang 14 cannot capture a structured binding)
         spdlog::warn("ckptio: {} refuses conditional PUTs ({}): a step's index is written after a check "
                      "instead, which two writers of the same step could both pass",
                      client_.describe(""), st.to_string());

@@ -660,6 +660,21 @@ Status CheckpointManager::Impl::commit_group(SaveJob& job, const std::vector<uin
   return st;
 }
 
+namespace {
+
+// After a multi-process save failed: whether the step's index may still name
+// this process's data files (the coordinator's index PUT may have stored it
+// although the step was reported failed, and the index cannot be read). Such
+// files are left for gc, which removes them unless an index names them.
+bool index_may_name(Storage& storage, const SaveJob& job) {
+  if (job.data_files.empty()) return false;
+  auto text = storage.get(index_key(job.paths.final_dir), IndexLimits{}.max_bytes);
+  if (text.ok()) return text->find(job.data_files.front()) != std::string::npos;
+  return text.status().code() != Code::kNotFound;
+}
+
+}  // namespace
+
 void CheckpointManager::Impl::run_job(SaveJob& job) {
   Storage& storage = owner->storage();
   SaveStats stats;
@@ -730,9 +745,10 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
     stats.commit_seconds = seconds_since(t0);
   }
   if (!st.ok()) {
-    if (job.group)  // the staging directory is shared: only this process's files
-      for (const std::string& f : job.data_files) (void)storage.remove(job.paths.stage_dir + "/" + f);
-    else if (!outcome_unknown)  // (else a committed index may name them; gc removes them if not)
+    if (job.group) {  // the staging directory is shared: only this process's files
+      if (!index_may_name(storage, job))
+        for (const std::string& f : job.data_files) (void)storage.remove(job.paths.stage_dir + "/" + f);
+    } else if (!outcome_unknown)  // (else a committed index may name them; gc removes them if not)
       discard_attempt(storage, job.paths, job.data_files);
     st = st.annotate("save step " + std::to_string(job.step));
     spdlog::error("ckptio: {}", st.to_string());

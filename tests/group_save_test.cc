@@ -355,6 +355,34 @@ TEST_P(GroupSaveTest, AProcessThatFailsToWriteFailsTheStepFast) {
   expect_step(4, state);
 }
 
+// The coordinator's index PUT stores the index but its answer is lost, and
+// the index cannot be read back: nobody knows whether the step committed.
+// On an object store (the PUT is the commit) the step did commit, so no
+// process may delete its data file: once the storage answers again the
+// step restores whole. On a file system (the commit is the rename, never
+// reached) the step is not committed.
+TEST_P(GroupSaveTest, AnIndexPutOfUnknownOutcomeDeletesNoDataFile) {
+  const auto state = global_state(8);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 3; ++p) states.push_back(process_state(state, mesh_, p, 3));
+  faults_->add_rule(FaultRule{.op = FaultOp::kPut, .key_substr = "ckptio_index.json", .code = Code::kUnavailable,
+                              .times = 1, .after = true});
+  faults_->add_rule(FaultRule{.op = FaultOp::kGet, .key_substr = "ckptio_index.json", .code = Code::kUnavailable});
+  auto out = save_all(5, states, options_for(3, /*timeout=*/30));
+  for (int p = 0; p < 3; ++p) EXPECT_FALSE(out[p].ok()) << "process " << p;
+  faults_->clear_rules();
+  CheckpointManager reader(faults_, {});
+  auto steps = reader.all_steps();
+  ASSERT_TRUE(steps.ok()) << steps.status().to_string();
+  if (faults_->caps().atomic_rename) {
+    EXPECT_TRUE(steps->empty());
+    return;
+  }
+  EXPECT_NE(out[0].message().find("may or may not be committed"), std::string::npos) << out[0].to_string();
+  EXPECT_EQ(*steps, std::vector<int64_t>{5});
+  expect_step(5, state);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, GroupSaveTest,
                          ::testing::Values(Backend::kMemoryPosix, Backend::kMemoryObject, Backend::kLocal),
                          [](const auto& info) {

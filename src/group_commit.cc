@@ -211,28 +211,35 @@ void announce_outcome(const GroupSave& g, const Status& outcome) {
   }
 }
 
+Result<bool> index_lists(Storage& storage, const std::string& final_dir, const std::string& file) {
+  auto text = storage.get(index_key(final_dir), IndexLimits{}.max_bytes);
+  if (!text.ok()) {
+    if (text.status().code() == Code::kNotFound) return false;
+    return text.status();
+  }
+  if (text->find(file) == std::string::npos) return false;
+  auto parsed = parse_index(*text);
+  if (parsed.ok())
+    for (const DataFileRecord& f : parsed->files)
+      if (f.name == file) return true;
+  return false;
+}
+
 Status await_outcome(const GroupSave& g) {
   if (g.group.barrier) {
     Status b = g.group.barrier->wait(barrier_name(g, "decided"), g.group.timeout_seconds);
     if (!b.ok()) return b.annotate("barrier " + barrier_name(g, "decided"));
   }
   const std::string ours = group_data_file(g.paths.attempt, g.group.index);
-  const std::string index = index_key(g.paths.final_dir);
   const std::string failed = key_in(g, failure_name(g.paths.attempt));
   const auto t0 = Clock::now();
   Poller poll(g.group);
   for (;;) {
     // Committed: the step's index lists this process's (first) data file (a step
     // committed by an earlier run, which overwrite replaces, does not).
-    auto text = g.storage.get(index, IndexLimits{}.max_bytes);
-    if (text.ok() && text->find(ours) != std::string::npos) {
-      auto parsed = parse_index(*text);
-      if (parsed.ok())
-        for (const DataFileRecord& f : parsed->files)
-          if (f.name == ours) return Status::OK();
-    } else if (!text.ok() && text.status().code() != Code::kNotFound) {
-      return text.status().annotate("read the outcome of step " + std::to_string(g.step));
-    }
+    auto listed = index_lists(g.storage, g.paths.final_dir, ours);
+    if (!listed.ok()) return listed.status().annotate("read the outcome of step " + std::to_string(g.step));
+    if (*listed) return Status::OK();
     auto why = g.storage.get(failed, 1 << 20);
     if (why.ok()) return Status(Code::kFailedPrecondition, "the coordinator (process 0) failed the step: " + *why);
     if (why.status().code() != Code::kNotFound)

@@ -26,6 +26,11 @@ Status check_process_group(const ProcessGroup& group);
 // The data file one process writes: "data-<attempt>-p<index>-0.bin".
 std::string group_data_file(const std::string& attempt, int process_index, size_t n = 0);
 
+// Whether the committed index at `final_dir` lists data file `file`: false
+// when there is no index (or one that does not parse); the read's error when
+// it cannot be read.
+Result<bool> index_lists(Storage& storage, const std::string& final_dir, const std::string& file);
+
 struct GroupSave {
   Storage& storage;
   const ProcessGroup& group;

@@ -668,9 +668,8 @@ namespace {
 // files are left for gc, which removes them unless an index names them.
 bool index_may_name(Storage& storage, const SaveJob& job) {
   if (job.data_files.empty()) return false;
-  auto text = storage.get(index_key(job.paths.final_dir), IndexLimits{}.max_bytes);
-  if (text.ok()) return text->find(job.data_files.front()) != std::string::npos;
-  return text.status().code() != Code::kNotFound;
+  auto listed = index_lists(storage, job.paths.final_dir, job.data_files.front());
+  return !listed.ok() || *listed;
 }
 
 }  // namespace

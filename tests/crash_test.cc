@@ -22,6 +22,11 @@
 //     which it only may when K newer steps are committed now;
 //   - the latest committed step never goes back, and a restarted child
 //     restores no older step than the parent saw last.
+// S3MotoChaosCrashTest runs the same torture (100 kills) with the children's
+// requests going through the fault proxy (503s, 500s after the server acted,
+// resets before and after, truncated bodies, delays): kills land during
+// retries and while a delayed request has yet to reach the server; the
+// parent checks straight against moto.
 // At the end gc() removes what the killed attempts left (local: .tmp-/.del-
 // directories; S3: unfinished multipart uploads and unreferenced objects),
 // and the latest step still restores.
@@ -147,7 +152,27 @@ struct TortureTarget {
   // store and starts the next child, so the "moment" of a kill is the same
   // for the checks and the next life; see wait_server_quiet.
   int server_port = 0;
+  // Under faults (S3MotoChaosCrashTest): the children reach the server
+  // through the fault proxy at `server_port` (tests/s3/fault-proxy), whose
+  // rules `proxy_rules` stay on for the whole run; the parent's checks go
+  // straight to the server behind it (`check_endpoint`, port
+  // `upstream_port`). A killed child's requests may sit in the proxy (a
+  // latency fault) and reach the server after the kill, so the parent waits
+  // for both to finish them.
+  std::optional<testutil::S3TestServer> proxy;
+  std::string proxy_rules;
+  std::string check_endpoint;
+  int upstream_port = 0;
+  int default_kills = 200;  // CKPTIO_TORTURE_KILLS overrides
 };
+
+// What the parent opens to check the store: the children's storage, or the
+// server behind the fault proxy.
+StorageOptions checker_storage(const TortureTarget& t) {
+  StorageOptions o = t.storage;
+  if (!t.check_endpoint.empty()) o.s3.endpoint = t.check_endpoint;
+  return o;
+}
 
 // Waits until no TCP socket with local port `port` is in CLOSE_WAIT (the
 // peer closed, the server has not: it is still handling what it read),
@@ -306,7 +331,7 @@ struct TortureBooks {
 Result<std::unique_ptr<CheckpointManager>> open_checker(const TortureTarget& t) {
   ManagerOptions o;
   o.strict = true;  // an index that fails to parse is an error, not skipped
-  return CheckpointManager::open(t.uri, o, t.storage);
+  return CheckpointManager::open(t.uri, o, checker_storage(t));
 }
 
 // Adds what is left over now to `out`; `now` (if given) gets this moment's
@@ -413,11 +438,18 @@ struct ChildGuard {
 // Runs the whole kill torture against `t`; prints the figures.
 void run_kill_torture(const TortureTarget& t) {
   const uint64_t seed = torture_seed();
-  const int kills = env_int("CKPTIO_TORTURE_KILLS", 200);
+  const int kills = env_int("CKPTIO_TORTURE_KILLS", t.default_kills);
   std::printf("crash torture [%s]: seed %llu, %d kills, retention keeps %d "
               "(CKPTIO_TORTURE_SEED / CKPTIO_TORTURE_KILLS / CKPTIO_TORTURE_KEEP)\n",
               t.name.c_str(), static_cast<unsigned long long>(seed), kills, t.keep);
   std::fflush(stdout);
+  if (t.proxy) {  // the proxy's coins from the same seed; its counters from zero
+    std::string resp;
+    ASSERT_TRUE(testutil::s3_fault_control(*t.proxy, "POST", "/reset?seed=" + std::to_string(seed),
+                                           "", &resp))
+        << resp;
+    ASSERT_TRUE(testutil::s3_fault_set_rules(*t.proxy, t.proxy_rules, &resp)) << resp;
+  }
   const auto start = Clock::now();
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
@@ -452,7 +484,7 @@ void run_kill_torture(const TortureTarget& t) {
     }
     std::set<std::string> before;  // plan 4: the unfinished attempts of earlier lives
     if (plan == 4) {
-      auto storage = open_storage(t.uri, t.storage);
+      auto storage = open_storage(t.uri, checker_storage(t));
       ASSERT_TRUE(storage.ok()) << storage.status().to_string();
       ASSERT_NO_FATAL_FAILURE(unfinished_attempts(**storage, &before));
     }
@@ -473,7 +505,7 @@ void run_kill_torture(const TortureTarget& t) {
     bool alive = true;
 
     if (plan == 4) {
-      auto storage = open_storage(t.uri, t.storage);
+      auto storage = open_storage(t.uri, checker_storage(t));
       ASSERT_TRUE(storage.ok()) << storage.status().to_string();
       for (;;) {
         ASSERT_LT(seconds_since(forked), 120.0) << "never saw an unfinished attempt" << where;
@@ -527,10 +559,15 @@ void run_kill_torture(const TortureTarget& t) {
     reader.drain(&msgs);
     // (Other tests may share the server: past 10 s, go on and say so.)
     const auto quiet_from = Clock::now();
-    const bool quiet = t.server_port == 0 || wait_server_quiet(t.server_port, 10.0);
+    // The proxy first: it closes its connection to the server before the
+    // child's, so once it is quiet the server has all there will be.
+    for (int port : {t.server_port, t.upstream_port}) {
+      if (port == 0) continue;
+      if (!wait_server_quiet(port, 10.0))
+        std::printf("crash torture: port %d kept connections in CLOSE_WAIT for 10 s%s\n", port,
+                    where.c_str());
+    }
     b.quiesce_seconds += seconds_since(quiet_from);
-    if (!quiet)
-      std::printf("crash torture: the S3 server kept connections in CLOSE_WAIT for 10 s%s\n", where.c_str());
 
     int64_t restored = -1;
     for (const Msg& m : msgs) {
@@ -584,6 +621,20 @@ void run_kill_torture(const TortureTarget& t) {
       b.leftovers.dirs.size(), b.leftovers.objects.size(), before_gc.uploads.size(),
       before_gc.dirs.size(), before_gc.objects.size(), seconds_since(start), b.quiesce_seconds);
   std::fflush(stdout);
+  if (t.proxy) {
+    // Faults the children's requests met (and survived: a child whose save
+    // or restore fails ends by itself, which fails the run above).
+    std::printf("crash torture [%s]: the proxy saw %ld requests and injected", t.name.c_str(),
+                testutil::s3_fault_count(*t.proxy, "requests"));
+    for (const char* kind : {"latency", "status", "reset", "truncate"}) {
+      const long n = testutil::s3_fault_count(*t.proxy, std::string("faults.") + kind);
+      std::printf(" %ld %s", n, kind);
+      EXPECT_GT(n, kills / 10) << "too few " << kind << " faults reached the children";
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+    (void)testutil::s3_fault_reset(*t.proxy);
+  }
   // Kills that never land after a commit would test nothing.
   EXPECT_GT(b.parent_restores, kills / 2) << "too few kills landed after a commit; timing is off";
   EXPECT_GT(b.leftovers.total(), static_cast<size_t>(kills / 4))
@@ -604,6 +655,11 @@ TEST(CrashTest, SigkillAtRandomMomentsNeverExposesPartialStep) {
   t.big_leaf = 512 << 10;
   run_kill_torture(t);
   if (!HasFailure()) fs::remove_all(dir);
+}
+
+// The TCP port of "http://HOST:PORT".
+int port_of(const std::string& endpoint) {
+  return std::atoi(endpoint.substr(endpoint.rfind(':') + 1).c_str());
 }
 
 // Sets the AWS_* variables a user would (the child opens s3://bucket/prefix
@@ -649,11 +705,57 @@ TEST(S3MotoCrashTest, SigkillAtRandomMomentsNeverExposesPartialStep) {
   t.chunk_size = 5ull << 20;
   t.small_leaf = 64 << 10;                 // ~128 KiB: one PutObject
   t.big_leaf = (5ull << 20) + (64 << 10);  // ~5.1 MiB per leaf: a data object of two parts
-  t.server_port = std::atoi(srv.endpoint.substr(srv.endpoint.rfind(':') + 1).c_str());
+  t.server_port = port_of(srv.endpoint);
   ASSERT_GT(t.server_port, 0) << srv.endpoint;
   run_kill_torture(t);
   if (!HasFailure()) {
-    auto storage = open_storage(t.uri, t.storage);
+    auto storage = open_storage(t.uri, checker_storage(t));
+    if (storage.ok()) (void)(*storage)->remove_prefix("");
+  }
+}
+
+// The same torture with the children's requests going through the fault
+// proxy (fixture s3_moto_chaos) while it answers some with 503 or 500 (before
+// the server sees them, or after it did the work), resets connections (before
+// the request reaches the server, or after: the answer lost), truncates
+// response bodies and delays requests. The retries, the commit's read-back
+// of an index PUT whose answer was lost, and the kills meet: a save may be
+// killed while a retry waits, or while a delayed request sits in the proxy
+// and reaches the server after the kill. The children must never fail (every
+// fault here is one a retry gets past); the checks are the torture's.
+TEST(S3MotoChaosCrashTest, SigkillUnderFaultsNeverExposesPartialStep) {
+  CKPTIO_REQUIRE_S3_SERVER(srv);
+  ASSERT_FALSE(srv.control.empty()) << "this test needs the fault proxy (fixture s3_moto_chaos)";
+  ASSERT_FALSE(srv.upstream.empty()) << srv.env_path << ": no upstream= line";
+  ScopedAwsEnv env(srv);  // the children: through the proxy
+  std::string prefix = testutil::s3_test_prefix();
+  prefix.pop_back();
+  TortureTarget t;
+  t.name = "s3 under faults";
+  t.uri = "s3://" + srv.bucket + "/" + prefix;
+  t.storage.s3.part_size = 5ull << 20;
+  t.storage.s3.retry_base_s = 0.02;  // retries sooner: more lives in the time
+  t.keep = env_int("CKPTIO_TORTURE_KEEP", 3);
+  t.chunk_size = 5ull << 20;
+  t.small_leaf = 64 << 10;
+  t.big_leaf = (5ull << 20) + (64 << 10);
+  t.server_port = port_of(srv.endpoint);
+  t.upstream_port = port_of(srv.upstream);
+  ASSERT_GT(t.server_port, 0) << srv.endpoint;
+  ASSERT_GT(t.upstream_port, 0) << srv.upstream;
+  t.check_endpoint = srv.upstream;
+  t.proxy = srv;
+  t.proxy_rules =
+      "fault=latency delay=0.002 jitter=0.02 prob=0.3\n"
+      "fault=status status=503 prob=0.04\n"
+      "fault=status status=500 when=response prob=0.02\n"
+      "fault=reset prob=0.02\n"
+      "fault=reset when=response prob=0.02\n"
+      "fault=truncate method=GET|POST prob=0.03";
+  t.default_kills = 100;
+  run_kill_torture(t);
+  if (!HasFailure()) {
+    auto storage = open_storage(t.uri, checker_storage(t));
     if (storage.ok()) (void)(*storage)->remove_prefix("");
   }
 }

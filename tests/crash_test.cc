@@ -56,6 +56,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <ostream>
 #include <random>
@@ -68,6 +69,7 @@
 #include "ckptio/ckptio.h"
 #include "testutil/fork_safety.h"
 #include "testutil/s3_server.h"
+#include "testutil/sharded_state.h"
 
 namespace ckptio {
 namespace {
@@ -164,7 +166,28 @@ struct TortureTarget {
   std::string check_endpoint;
   int upstream_port = 0;
   int default_kills = 200;  // CKPTIO_TORTURE_KILLS overrides
+  // Multi-process saves (GroupCrashTest): `group` processes save each step
+  // of testutil::global_state(step * 16, group_scale), sharded over
+  // `group_mesh`; 0: single-process saves of state_for_step.
+  int group = 0;
+  int64_t group_scale = 1;
+  std::string group_mesh;
 };
+
+// Whether `r` is exactly the state `t`'s savers saved as step r.step.
+::testing::AssertionResult matches(const TortureTarget& t, const RestoredState& r) {
+  if (t.group == 0) return matches_step(r, t.leaf_bytes(r.step));
+  const auto want = testutil::global_state(static_cast<uint64_t>(r.step) * 16, t.group_scale);
+  if (r.leaves.size() != want.size())
+    return ::testing::AssertionFailure() << "step " << r.step << ": " << r.leaves.size() << " leaves";
+  for (size_t i = 0; i < want.size(); ++i) {
+    const Tensor& got = r.leaves[i];
+    if (got.prefix != want[i].prefix || got.path != want[i].path || got.data.size() != want[i].bytes.size() ||
+        (!want[i].bytes.empty() && std::memcmp(got.data.data(), want[i].bytes.data(), want[i].bytes.size()) != 0))
+      return ::testing::AssertionFailure() << "step " << r.step << " leaf " << want[i].path << " differs";
+  }
+  return ::testing::AssertionSuccess();
+}
 
 // What the parent opens to check the store: the children's storage, or the
 // server behind the fault proxy.
@@ -210,15 +233,15 @@ struct Life {
 
 // Child -> parent messages: fixed 16-byte records (a pipe write of at most
 // PIPE_BUF bytes is atomic, so records never interleave).
-enum MsgKind : int32_t { kRestored = 1, kCommitted = 2 };
+enum MsgKind : int32_t { kRestored = 1, kCommitted = 2, kFailed = 3 };
 struct Msg {
   int32_t kind;
-  int32_t pad;
+  int32_t who;  // the process of a group (GroupCrashTest), else 0
   int64_t step;  // kRestored: the step restored, 0 when there was none
 };
 
-void send_msg(int fd, MsgKind kind, int64_t step) {
-  Msg m{kind, 0, step};
+void send_msg(int fd, MsgKind kind, int64_t step, int32_t who = 0) {
+  Msg m{kind, who, step};
   ssize_t n;
   do n = ::write(fd, &m, sizeof m);
   while (n < 0 && errno == EINTR);
@@ -404,7 +427,7 @@ void check_store(const TortureTarget& t, TortureBooks& b, const std::string& whe
     auto r = (*m)->restore(std::nullopt);
     ASSERT_TRUE(r.ok()) << r.status().to_string() << where;
     ASSERT_EQ(r->step, latest) << where;
-    ASSERT_TRUE(matches_step(*r, t.leaf_bytes(r->step))) << where;
+    ASSERT_TRUE(matches(t, *r)) << where;
     ++b.parent_restores;
   }
   ASSERT_NO_FATAL_FAILURE(collect_leftovers(**m, *steps, &b.leftovers));
@@ -434,6 +457,48 @@ struct ChildGuard {
     (void)::waitpid(pid, &status, 0);
   }
 };
+
+// After a kill: waits until the S3 server (and the proxy before it) finished
+// the dead child's requests, so that the checks see what there will be.
+// (Other tests may share the server: past 10 s, go on and say so.)
+void quiesce(const TortureTarget& t, TortureBooks& b, const std::string& where) {
+  const auto quiet_from = Clock::now();
+  // The proxy first: it closes its connection to the server before the
+  // child's, so once it is quiet the server has all there will be.
+  for (int port : {t.server_port, t.upstream_port}) {
+    if (port == 0) continue;
+    if (!wait_server_quiet(port, 10.0))
+      std::printf("crash torture: port %d kept connections in CLOSE_WAIT for 10 s%s\n", port,
+                  where.c_str());
+  }
+  b.quiesce_seconds += seconds_since(quiet_from);
+}
+
+// At the end: what the killed attempts left (into `before_gc`), then gc(),
+// after which nothing may be left and the latest step still restores.
+void gc_at_end(const TortureTarget& t, TortureBooks& b, Leftovers* before_gc) {
+  auto m = open_checker(t);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  auto steps = (*m)->all_steps();
+  ASSERT_TRUE(steps.ok()) << steps.status().to_string();
+  Leftovers after_gc, ignored;
+  ASSERT_NO_FATAL_FAILURE(collect_leftovers(**m, *steps, &b.leftovers, before_gc));
+  EXPECT_GT(before_gc->total(), 0u) << "the last kill left nothing for gc to clean up";
+  Status gc = (*m)->gc();
+  ASSERT_TRUE(gc.ok()) << gc.to_string();
+  ASSERT_NO_FATAL_FAILURE(collect_leftovers(**m, *steps, &ignored, &after_gc));
+  for (const auto& k : after_gc.uploads) ADD_FAILURE() << k << ": multipart upload left after gc";
+  for (const auto& k : after_gc.dirs) ADD_FAILURE() << k << ": left after gc";
+  for (const auto& k : after_gc.objects) ADD_FAILURE() << k << ": no committed step references it after gc";
+  auto after_steps = (*m)->all_steps();
+  ASSERT_TRUE(after_steps.ok()) << after_steps.status().to_string();
+  EXPECT_EQ(*after_steps, *steps) << "gc changed the committed steps";
+  ASSERT_FALSE(steps->empty());
+  EXPECT_EQ(steps->back(), b.latest);
+  auto r = (*m)->restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(matches(t, *r));
+}
 
 // Runs the whole kill torture against `t`; prints the figures.
 void run_kill_torture(const TortureTarget& t) {
@@ -557,17 +622,7 @@ void run_kill_torture(const TortureTarget& t) {
         << " (its stderr above says why)" << where;
     ++b.kills;
     reader.drain(&msgs);
-    // (Other tests may share the server: past 10 s, go on and say so.)
-    const auto quiet_from = Clock::now();
-    // The proxy first: it closes its connection to the server before the
-    // child's, so once it is quiet the server has all there will be.
-    for (int port : {t.server_port, t.upstream_port}) {
-      if (port == 0) continue;
-      if (!wait_server_quiet(port, 10.0))
-        std::printf("crash torture: port %d kept connections in CLOSE_WAIT for 10 s%s\n", port,
-                    where.c_str());
-    }
-    b.quiesce_seconds += seconds_since(quiet_from);
+    quiesce(t, b, where);
 
     int64_t restored = -1;
     for (const Msg& m : msgs) {
@@ -584,28 +639,8 @@ void run_kill_torture(const TortureTarget& t) {
     ASSERT_NO_FATAL_FAILURE(check_store(t, b, where));
   }
 
-  // What the killed attempts left, then gc.
-  auto m = open_checker(t);
-  ASSERT_TRUE(m.ok()) << m.status().to_string();
-  auto steps = (*m)->all_steps();
-  ASSERT_TRUE(steps.ok()) << steps.status().to_string();
-  Leftovers before_gc, after_gc, ignored;
-  ASSERT_NO_FATAL_FAILURE(collect_leftovers(**m, *steps, &b.leftovers, &before_gc));
-  EXPECT_GT(before_gc.total(), 0u) << "the last kill left nothing for gc to clean up";
-  Status gc = (*m)->gc();
-  ASSERT_TRUE(gc.ok()) << gc.to_string();
-  ASSERT_NO_FATAL_FAILURE(collect_leftovers(**m, *steps, &ignored, &after_gc));
-  for (const auto& k : after_gc.uploads) ADD_FAILURE() << k << ": multipart upload left after gc";
-  for (const auto& k : after_gc.dirs) ADD_FAILURE() << k << ": left after gc";
-  for (const auto& k : after_gc.objects) ADD_FAILURE() << k << ": no committed step references it after gc";
-  auto after_steps = (*m)->all_steps();
-  ASSERT_TRUE(after_steps.ok()) << after_steps.status().to_string();
-  EXPECT_EQ(*after_steps, *steps) << "gc changed the committed steps";
-  ASSERT_FALSE(steps->empty());
-  EXPECT_EQ(steps->back(), b.latest);
-  auto r = (*m)->restore(std::nullopt);
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_TRUE(matches_step(*r, t.leaf_bytes(r->step)));
+  Leftovers before_gc;
+  ASSERT_NO_FATAL_FAILURE(gc_at_end(t, b, &before_gc));
 
   std::printf(
       "crash torture [%s]: seed %llu: %d kills survived (%d early, during start-up/restore/first "
@@ -754,6 +789,247 @@ TEST(S3MotoChaosCrashTest, SigkillUnderFaultsNeverExposesPartialStep) {
       "fault=truncate method=GET|POST prob=0.03";
   t.default_kills = 100;
   run_kill_torture(t);
+  if (!HasFailure()) {
+    auto storage = open_storage(t.uri, checker_storage(t));
+    if (storage.ok()) (void)(*storage)->remove_prefix("");
+  }
+}
+
+// ---- Kills during multi-process saves ---------------------------------------------
+//
+// GroupCrashTest: rounds of a job of `group` forked processes saving steps
+// together (ManagerOptions::processes, the default storage-polling barrier,
+// a short timeout), each writing its shards of testutil::global_state. Each
+// round the parent SIGKILLs one process at a seeded random moment (before its
+// first save, or within a save after 0 or 1 commits; the coordinator, process
+// 0, as often as any other), or the whole job at once; then, after a random
+// part of the group timeout (the survivors may notice the failure, time out,
+// go on to the next step), the rest of the job, as a launcher tears down a job
+// that lost a host. The next round is a new job (a new run id) saving from
+// the step after the latest. After every round the single-process torture's
+// checks (check_store): every committed step verifies and the latest restores
+// bit-exact, no acknowledged step vanishes, the latest never goes back. The
+// last round kills the coordinator first and the others once their files
+// are visible, so gc() has a failed attempt to clean up.
+
+// One process of a group job: saves steps first, first + 1, ... until killed,
+// reporting each outcome (committed or failed) with its process index.
+[[noreturn]] void group_child(const TortureTarget& t, int p, const std::string& run_id, int64_t first,
+                              bool borrow, double timeout_s, int fd) {
+  ManagerOptions o;
+  o.max_to_keep = t.keep;
+  o.chunk_size = t.chunk_size;
+  o.staging = borrow ? StagingMode::kBorrow : StagingMode::kCopy;
+  o.processes.index = p;
+  o.processes.count = t.group;
+  o.processes.run_id = run_id;
+  o.processes.timeout_seconds = timeout_s;
+  o.processes.poll_seconds = 0.01;
+  o.on_commit = [fd, p](const CommitEvent& e) { send_msg(fd, e.status.ok() ? kCommitted : kFailed, e.step, p); };
+  auto m = CheckpointManager::open(t.uri, o, t.storage);
+  if (!m.ok()) child_die(10, "open " + t.uri + ": " + m.status().to_string());
+  auto mesh = Mesh::parse(t.group_mesh);
+  if (!mesh.ok()) child_die(10, mesh.status().to_string());
+  for (int64_t step = first;; ++step) {
+    const auto state = testutil::global_state(static_cast<uint64_t>(step) * 16, t.group_scale);
+    const auto mine = testutil::process_state(state, *mesh, p, t.group);
+    auto h = (*m)->save(step, mine.leaves);
+    if (!h.ok()) child_die(12, "save " + std::to_string(step) + ": " + h.status().to_string());
+    (void)h->wait();  // the outcome reaches on_commit
+    h->wait_released();
+  }
+}
+
+void run_group_kill_torture(const TortureTarget& t, double timeout_s) {
+  const uint64_t seed = torture_seed();
+  const int rounds = env_int("CKPTIO_TORTURE_KILLS", t.default_kills);
+  std::printf("group crash torture [%s]: seed %llu, %d rounds of %d processes, group timeout %.1f s, "
+              "retention keeps %d (CKPTIO_TORTURE_SEED / CKPTIO_TORTURE_KILLS / CKPTIO_TORTURE_KEEP)\n",
+              t.name.c_str(), static_cast<unsigned long long>(seed), rounds, t.group, timeout_s, t.keep);
+  std::fflush(stdout);
+  const auto start = Clock::now();
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  TortureBooks b;
+  double est_start = 0.05, est_save = 0.05;  // seconds, measured as the run goes
+  int coordinator_kills = 0, whole_job_kills = 0, failed_reports = 0, failed_but_committed = 0;
+
+  for (int k = 0; k < rounds; ++k) {
+    const std::string where = " (" + t.name + ", seed " + std::to_string(seed) + ", round " +
+                              std::to_string(k) + ")";
+    const bool last = k == rounds - 1;
+    const int64_t first = b.latest + 1;
+    const std::string run_id = "torture-" + std::to_string(seed) + "-" + std::to_string(k);
+    const bool borrow = rng() % 2 == 0;
+    const int plan = last ? 3 : static_cast<int>(rng() % 3);  // 0: early; 1, 2: after plan - 1 commits
+    const int victim = last ? 0 : static_cast<int>(rng() % (t.group + 1));  // group: all at once
+    const double frac = unit(rng), after = unit(rng);
+    b.lives_borrow += borrow;
+    coordinator_kills += victim == 0;
+    whole_job_kills += victim == t.group;
+
+    if (!under_thread_sanitizer()) {
+      auto others = other_threads_after();
+      ASSERT_TRUE(others.empty()) << "the parent must fork single-threaded; also running: "
+                                  << others.front() << where;
+    }
+    Leftovers before;  // the last round: what earlier rounds left
+    if (last) {
+      auto m = open_checker(t);
+      ASSERT_TRUE(m.ok()) << m.status().to_string();
+      auto steps = (*m)->all_steps();
+      ASSERT_TRUE(steps.ok()) << steps.status().to_string();
+      ASSERT_NO_FATAL_FAILURE(collect_leftovers(**m, *steps, &before));
+    }
+    int fds[2];
+    ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+    std::fflush(nullptr);
+    const auto forked = Clock::now();
+    std::vector<ChildGuard> guards(t.group, ChildGuard{-1});  // a failed assertion kills them all
+    for (int p = 0; p < t.group; ++p) {
+      const pid_t pid = ::fork();
+      ASSERT_GE(pid, 0) << std::strerror(errno);
+      if (pid == 0) {
+        ::close(fds[0]);
+        group_child(t, p, run_id, first, borrow, timeout_s, fds[1]);
+      }
+      guards[p].pid = pid;
+    }
+    ::close(fds[1]);
+    MsgReader reader(fds[0]);
+    std::vector<Msg> msgs;
+    auto kill_one = [&](int p) {
+      if (guards[p].pid <= 0) return;
+      ::kill(guards[p].pid, SIGKILL);
+      int status = 0;
+      ASSERT_EQ(::waitpid(guards[p].pid, &status, 0), guards[p].pid);
+      guards[p].pid = -1;
+      ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+          << "process " << p << " ended by itself with " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1)
+          << " (its stderr above says why)" << where;
+    };
+
+    if (last) {
+      // The coordinator dies first; the others' files of the step appear.
+      ASSERT_NO_FATAL_FAILURE(kill_one(0));
+      auto m = open_checker(t);
+      ASSERT_TRUE(m.ok()) << m.status().to_string();
+      for (;;) {
+        ASSERT_LT(seconds_since(forked), 120.0) << "never saw the survivors' files" << where;
+        auto steps = (*m)->all_steps();
+        ASSERT_TRUE(steps.ok()) << steps.status().to_string();
+        Leftovers now, ignored;
+        ASSERT_NO_FATAL_FAILURE(collect_leftovers(**m, *steps, &ignored, &now));
+        if (now.total() > before.total()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    } else if (plan == 0) {
+      ++b.early_kills;
+      std::this_thread::sleep_for(std::chrono::duration<double>(frac * (est_start + est_save)));
+    } else {
+      // Wait for plan - 1 committed steps (any process's report), then
+      // strike within the next save.
+      std::set<int64_t> committed;
+      bool alive = true;
+      auto last_at = forked;
+      bool first_msg = true;
+      while (alive && committed.size() < static_cast<size_t>(plan - 1)) {
+        ASSERT_LT(seconds_since(forked), 120.0) << "the job committed nothing for 120 s" << where;
+        size_t seen = msgs.size();
+        alive = reader.poll_some(0.5, &msgs);
+        for (size_t i = seen; i < msgs.size(); ++i) {
+          if (msgs[i].kind != kCommitted || !committed.insert(msgs[i].step).second) continue;
+          const double dt = seconds_since(last_at);
+          last_at = Clock::now();
+          double& e = first_msg ? est_start : est_save;
+          e = 0.8 * e + 0.2 * dt;
+          first_msg = false;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::duration<double>(frac * 1.25 * est_save));
+    }
+    if (victim == t.group) {
+      for (int p = 0; p < t.group; ++p) ::kill(guards[p].pid, SIGKILL);  // the whole job at once
+    } else {
+      ASSERT_NO_FATAL_FAILURE(kill_one(victim));
+      if (!last) std::this_thread::sleep_for(std::chrono::duration<double>(after * 1.5 * timeout_s));
+    }
+    for (int p = 0; p < t.group; ++p) ASSERT_NO_FATAL_FAILURE(kill_one(p));
+    ++b.kills;
+    reader.drain(&msgs);
+    quiesce(t, b, where);
+
+    std::map<int64_t, int> failed;  // step -> processes that reported it failed
+    for (const Msg& m : msgs) {
+      ASSERT_GE(m.step, first) << where;
+      if (m.kind == kCommitted) b.acked.insert(m.step);
+      else if (m.kind == kFailed) ++failed[m.step], ++failed_reports;
+      else FAIL() << "message kind " << m.kind << where;
+    }
+    ASSERT_NO_FATAL_FAILURE(check_store(t, b, where));
+    // A process that timed out waiting for the outcome reports failure; the
+    // step may still have committed meanwhile ("may or may not"): counted.
+    for (const auto& [step, n] : failed)
+      if (b.seen.count(step)) failed_but_committed += n;
+  }
+  Leftovers before_gc;
+  ASSERT_NO_FATAL_FAILURE(gc_at_end(t, b, &before_gc));
+
+  std::printf(
+      "group crash torture [%s]: seed %llu: %d rounds survived (%d early kills, before the first "
+      "commit; %d killing the coordinator, %d the whole job at once; %d in borrow mode), %zu steps "
+      "committed (acknowledged to a process), latest step %lld, %d restore-latest checks bit-exact, "
+      "%d verify() passes of older steps, %zu steps removed by retention; %d save outcomes reported "
+      "failed (%d of a step that did commit: the process timed out first); left by killed attempts: "
+      "%zu unfinished multipart uploads, %zu temporary directories, %zu unreferenced objects (at the "
+      "end %zu, %zu, %zu, all removed by gc), %.1f s\n",
+      t.name.c_str(), static_cast<unsigned long long>(seed), b.kills, b.early_kills, coordinator_kills,
+      whole_job_kills, b.lives_borrow, b.acked.size(), static_cast<long long>(b.latest), b.parent_restores,
+      b.verifies, b.retired.size(), failed_reports, failed_but_committed, b.leftovers.uploads.size(),
+      b.leftovers.dirs.size(), b.leftovers.objects.size(), before_gc.uploads.size(), before_gc.dirs.size(),
+      before_gc.objects.size(), seconds_since(start));
+  std::fflush(stdout);
+  EXPECT_GT(b.acked.size(), static_cast<size_t>(rounds / 3)) << "too few steps committed; timing is off";
+  EXPECT_GT(b.leftovers.total(), static_cast<size_t>(rounds / 4))
+      << "too few kills interrupted a save; timing is off";
+}
+
+TEST(GroupCrashTest, SigkillDuringMultiProcessSavesNeverExposesPartialStep) {
+  const std::string dir =
+      (fs::temp_directory_path() / ("ckptio-group-crash-" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  TortureTarget t;
+  t.name = "local, 4 processes";
+  t.uri = dir;
+  t.keep = env_int("CKPTIO_TORTURE_KEEP", 3);
+  t.chunk_size = 64 << 10;
+  t.group = 4;
+  t.group_mesh = "dp=2,tp=2";
+  t.group_scale = 32;  // ~0.45 MB a step
+  t.default_kills = 30;
+  run_group_kill_torture(t, 1.5);
+  if (!HasFailure()) fs::remove_all(dir);
+}
+
+TEST(S3MotoGroupCrashTest, SigkillDuringMultiProcessSavesNeverExposesPartialStep) {
+  CKPTIO_REQUIRE_S3_SERVER(srv);
+  ScopedAwsEnv env(srv);
+  std::string prefix = testutil::s3_test_prefix();
+  prefix.pop_back();
+  TortureTarget t;
+  t.name = "s3, 4 processes";
+  t.uri = "s3://" + srv.bucket + "/" + prefix;
+  t.storage.s3.part_size = 5ull << 20;
+  t.keep = env_int("CKPTIO_TORTURE_KEEP", 3);
+  t.chunk_size = 1 << 20;
+  t.group = 4;
+  t.group_mesh = "dp=2,tp=2";
+  t.group_scale = 32;
+  t.server_port = port_of(srv.endpoint);
+  ASSERT_GT(t.server_port, 0) << srv.endpoint;
+  t.default_kills = 20;
+  run_group_kill_torture(t, 3.0);
   if (!HasFailure()) {
     auto storage = open_storage(t.uri, checker_storage(t));
     if (storage.ok()) (void)(*storage)->remove_prefix("");

@@ -20,6 +20,7 @@
 // counts, src/damage.h), recording it in RestoredState::skipped; strict mode
 // and every other error stop there. verify() reads every shard and lists
 // every damaged file and shard instead of stopping at the first.
+#include <re2/re2.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -28,7 +29,6 @@
 #include <deque>
 #include <future>
 #include <map>
-#include <regex>
 #include <set>
 #include <tuple>
 
@@ -41,6 +41,7 @@
 #include "src/manager_impl.h"
 #include "src/position_table.h"
 #include "src/restore_sharded.h"
+#include "src/sharding_regex.h"
 
 namespace ckptio {
 namespace {
@@ -302,13 +303,12 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
   } unmark{this, the_step};
 
   // Selection.
-  std::optional<std::regex> re;
+  // RE2 with Python's syntax, as partition rules: leaf paths come from the
+  // index, outside data, and std::regex's backtracking overflows the stack on
+  // long ones (a 100,000-character path against "(a|b)*c").
+  std::unique_ptr<const RE2> re;
   if (!options.select.path_regex.empty()) {
-    try {
-      re.emplace(options.select.path_regex, std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      return invalid_argument("bad path regex '" + options.select.path_regex + "': " + e.what());
-    }
+    CKPTIO_ASSIGN_OR_RETURN(re, compile_python_regex(options.select.path_regex, "path regex"));
   }
   std::vector<std::pair<std::string, LeafRecord*>> selected;
   for (PrefixRecord& p : index.prefixes) {
@@ -317,7 +317,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
             options.select.prefixes.end())
       continue;
     for (LeafRecord& leaf : p.leaves)
-      if (!re || std::regex_search(leaf.path, *re)) selected.emplace_back(p.name, &leaf);
+      if (!re || RE2::PartialMatch(leaf.path, *re)) selected.emplace_back(p.name, &leaf);
   }
   CKPTIO_RETURN_IF_ERROR(check_template(selected, options));
 

@@ -4,6 +4,8 @@
 // right after '[' or '[^' is literal in both).
 #include "src/sharding_regex.h"
 
+#include <re2/re2.h>
+
 #include <string>
 
 namespace ckptio {
@@ -74,6 +76,17 @@ Status check_python_regex(std::string_view p) {
     }
   }
   return Status::OK();
+}
+
+Result<std::unique_ptr<const re2::RE2>> compile_python_regex(const std::string& pattern, const std::string& what) {
+  if (Status s = check_python_regex(pattern); !s.ok()) return s.annotate(what);
+  RE2::Options opts;
+  opts.set_log_errors(false);    // errors come back as values, not on stderr
+  opts.set_never_capture(true);  // only "does it match" is asked
+  auto re = std::make_unique<const RE2>(pattern, opts);
+  if (!re->ok())
+    return invalid_argument(what + ": regex \"" + pattern + "\" is not valid for RE2: " + re->error());
+  return re;
 }
 
 }  // namespace ckptio

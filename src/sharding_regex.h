@@ -8,9 +8,15 @@
 // instead of sharding a leaf differently than the trainer does.
 #pragma once
 
+#include <memory>
+#include <string>
 #include <string_view>
 
 #include "ckptio/status.h"
+
+namespace re2 {
+class RE2;
+}
 
 namespace ckptio {
 
@@ -23,5 +29,12 @@ namespace ckptio {
 //   (RE2: a POSIX class; Python: the characters themselves).
 // Anything else is left to RE2, which refuses what it cannot parse.
 Status check_python_regex(std::string_view pattern);
+
+// The pattern screened as above, then compiled by RE2 for "does it match"
+// questions (no capture groups, errors as values). `what` names the pattern
+// in errors ("rules[3]", "path regex"). Matching with RE2::PartialMatch is
+// re.search: linear in the text whatever the pattern, so safe on names read
+// from outside data, and thread-safe.
+Result<std::unique_ptr<const re2::RE2>> compile_python_regex(const std::string& pattern, const std::string& what);
 
 }  // namespace ckptio

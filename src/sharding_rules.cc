@@ -23,14 +23,7 @@ Result<PartitionRules> PartitionRules::compile(std::vector<PartitionRule> rules)
   c->programs.reserve(rules.size());
   for (size_t i = 0; i < rules.size(); ++i) {
     const std::string at = "rules[" + std::to_string(i) + "]";
-    const std::string& pattern = rules[i].regex;
-    if (Status s = check_python_regex(pattern); !s.ok()) return s.annotate(at);
-    RE2::Options opts;
-    opts.set_log_errors(false);    // errors come back as values, not on stderr
-    opts.set_never_capture(true);  // only "does it match" is asked
-    auto re = std::make_unique<const RE2>(pattern, opts);
-    if (!re->ok())
-      return invalid_argument(at + ": regex \"" + pattern + "\" is not valid for RE2: " + re->error());
+    CKPTIO_ASSIGN_OR_RETURN(auto re, compile_python_regex(rules[i].regex, at));
     c->programs.push_back(std::move(re));
   }
   c->rules = std::move(rules);

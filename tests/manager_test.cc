@@ -510,6 +510,36 @@ TEST_P(ManagerTest, SelectionByPrefixAndRegex) {
   EXPECT_EQ(r->leaves[0].path, "params.layers.0.attn.q_proj.kernel");
   EXPECT_LT(r->stats.bytes_read, 64 * 129 * 2 + 1u);
   EXPECT_FALSE(m->restore(1, {.select = {.path_regex = "("}}).ok());
+  // Python's syntax, as partition rules: what RE2 lacks is refused by name.
+  auto look = m->restore(1, {.select = {.path_regex = "(?=attn)q"}});
+  ASSERT_FALSE(look.ok());
+  EXPECT_EQ(look.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(look.status().message().find("lookahead"), std::string::npos) << look.status().to_string();
+  EXPECT_NE(look.status().message().find("path regex"), std::string::npos) << look.status().to_string();
+}
+
+// Leaf paths come from the index (outside data) and may be long; selection
+// matches in linear time and never recurses per character (std::regex
+// overflowed the stack on this one: a 200,000-character path, "(a|b)*c").
+TEST_P(ManagerTest, SelectionRegexOnAVeryLongPathNeitherCrashesNorBacktracks) {
+  auto m = manager();
+  const std::string long_path(200000, 'a');
+  std::vector<float> x(4, 1.5f), y(4, 2.5f);
+  std::vector<LeafView> v{LeafView::full("model", long_path, DType::kFloat32, {4}, x.data()),
+                          LeafView::full("model", "b", DType::kFloat32, {4}, y.data())};
+  ASSERT_TRUE(m->save(1, v).value().wait().ok());
+  auto r = m->restore(1, {.select = {.path_regex = "(a|b)*c"}});  // matches neither
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_TRUE(r->leaves.empty());
+  r = m->restore(1, {.select = {.path_regex = "^(a|b)*$"}});  // both
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->leaves.size(), 2u);
+  r = m->restore(1, {.select = {.path_regex = "(a+)+$"}});  // exponential for a backtracker
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->leaves.size(), 1u);
+  EXPECT_EQ(r->leaves[0].path, long_path);
+  ASSERT_EQ(r->leaves[0].data.size(), 16u);
+  EXPECT_EQ(std::memcmp(r->leaves[0].data.data(), x.data(), 16), 0);
 }
 
 TEST_P(ManagerTest, TemplateMismatchesReportedTogether) {

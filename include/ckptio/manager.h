@@ -172,7 +172,10 @@ class SaveHandle {
 
 struct Selection {
   std::vector<std::string> prefixes;  // empty: every prefix
-  std::string path_regex;             // ECMAScript, matched anywhere; "": all
+  // Leaves whose path matches anywhere (Python's re.search, as partition
+  // rules; RE2, linear time); "": all. Python constructs RE2 lacks or reads
+  // otherwise (lookarounds, backreferences, \Z...) are refused.
+  std::string path_regex;
 };
 
 struct GcOptions {

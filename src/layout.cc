@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cerrno>
 #include <random>
 
+#include <sys/random.h>
 #include <unistd.h>
 
 namespace ckptio {
@@ -41,10 +43,19 @@ std::optional<int64_t> StepNaming::parse(std::string_view name) const {
 }
 
 std::string new_attempt_id() {
-  static thread_local std::mt19937_64 rng{std::random_device{}() ^
-                                          (static_cast<uint64_t>(::getpid()) << 32)};
+  // 64 bits from the kernel's generator at every call: a seeded generator
+  // kept in memory would be copied into every child a process forks, which
+  // would then name their attempts as their parent's next one (two writers
+  // of a step in one staging directory, or over one set of data objects).
+  uint64_t v = 0;
+  ssize_t got = 0;
+  do got = ::getrandom(&v, sizeof v, 0);
+  while (got < 0 && errno == EINTR);
+  if (got != static_cast<ssize_t>(sizeof v)) {  // no getrandom (very old kernel): the C++ runtime's source
+    std::random_device rd;
+    v = static_cast<uint64_t>(rd()) << 32 ^ rd();
+  }
   static const char* hex = "0123456789abcdef";
-  uint64_t v = rng();
   std::string s(16, '0');
   for (int i = 15; i >= 0; --i, v >>= 4) s[i] = hex[v & 15];
   return s;

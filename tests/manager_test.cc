@@ -4,6 +4,8 @@
 // failures and corruption.
 #include <gtest/gtest.h>
 #include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +25,7 @@
 #include "backends/memory/memory_storage.h"
 #include "ckptio/ckptio.h"
 #include "src/crc32c.h"
+#include "src/layout.h"
 #include "src/staging.h"
 
 namespace ckptio {
@@ -381,6 +385,41 @@ TEST_P(ManagerTest, SecondWriterOfAStepCommittedMeanwhileFailsAndReplacesNothing
   auto steps = first->all_steps();
   ASSERT_TRUE(steps.ok());
   EXPECT_EQ(*steps, std::vector<int64_t>{3});
+}
+
+// Attempt ids name a save's staging directory and data objects. A child a
+// process forks must not draw the same ids as its parent (a generator seeded
+// once and kept in memory is copied by fork: the first id of each child
+// would be the parent's next one).
+TEST(AttemptIds, ForkedChildrenNameTheirAttemptsApart) {
+  (void)new_attempt_id();  // the parent has drawn before it forks
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  std::vector<pid_t> kids;
+  for (int i = 0; i < 3; ++i) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      const std::string id = new_attempt_id();
+      _exit(::write(fds[1], id.data(), id.size()) == static_cast<ssize_t>(id.size()) ? 0 : 1);
+    }
+    kids.push_back(pid);
+  }
+  ::close(fds[1]);
+  for (pid_t k : kids) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(k, &status, 0), k);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  std::string all;
+  char buf[256];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) all.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  ASSERT_EQ(all.size(), 48u) << all;
+  std::set<std::string> ids{new_attempt_id()};
+  for (size_t i = 0; i < all.size(); i += 16) ids.insert(all.substr(i, 16));
+  EXPECT_EQ(ids.size(), 4u) << "ids drawn: the parent's next and three children's first: " << all;
+  for (const std::string& id : ids) EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos) << id;
 }
 
 TEST_P(ManagerTest, RetentionKeepsLastAndEveryK) {

@@ -1,5 +1,7 @@
 #include "backends/local/keys.h"
 
+#include <sys/random.h>
+
 #include <random>
 
 namespace ckptio::local {
@@ -49,10 +51,14 @@ std::pair<std::string_view, std::string_view> split_prefix(std::string_view pref
 }
 
 std::string temp_path_for(const std::string& path) {
-  static thread_local std::mt19937_64 rng{(static_cast<uint64_t>(std::random_device{}()) << 32) ^
-                                          std::random_device{}()};
+  // From the kernel at every call, as attempt ids (src/layout.cc): a
+  // generator kept in memory would repeat its names in forked children.
+  uint64_t v = 0;
+  if (::getrandom(&v, sizeof v, 0) != static_cast<ssize_t>(sizeof v)) {
+    std::random_device rd;
+    v = static_cast<uint64_t>(rd()) << 32 ^ rd();
+  }
   static const char* hex = "0123456789abcdef";
-  uint64_t v = rng();
   std::string suffix(16, '0');
   for (int i = 15; i >= 0; --i, v >>= 4) suffix[i] = hex[v & 15];
   return path + std::string(kTempMarker) + suffix;

@@ -39,6 +39,8 @@
 #include <thread>
 #include <utility>
 
+#include <unistd.h>
+
 #include "src/async.h"
 #include "src/cast.h"
 #include "src/commit.h"
@@ -261,9 +263,26 @@ CheckpointManager::CheckpointManager(std::shared_ptr<Storage> storage, ManagerOp
   const bool copies = options_.staging == StagingMode::kCopy;
   impl_->crew = std::make_unique<Crew>(copies ? std::min(cores, 4u) - 1 : 0);
   impl_->worker = std::thread([this] { impl_->worker_loop(); });
+  made_by_pid_ = static_cast<int>(::getpid());
+}
+
+Status CheckpointManager::check_process() const {
+  const int here = static_cast<int>(::getpid());
+  if (here == made_by_pid_) return Status::OK();
+  return Status(Code::kFailedPrecondition,
+                "this checkpoint manager of " + storage_->describe() + " was made by process " +
+                    std::to_string(made_by_pid_) + "; process " + std::to_string(here) +
+                    " is a fork of it, where its threads do not exist: open a manager in this process");
 }
 
 CheckpointManager::~CheckpointManager() {
+  if (!check_process().ok()) {
+    // A forked child: the worker, the crew and the storage's threads live
+    // only in the parent; joining or stopping them here would hang or abort.
+    (void)impl_.release();
+    (void)new std::shared_ptr<Storage>(std::move(storage_));
+    return;
+  }
   (void)wait_until_finished();
   {
     std::lock_guard lock(impl_->mu);
@@ -274,6 +293,7 @@ CheckpointManager::~CheckpointManager() {
 }
 
 Status CheckpointManager::wait_until_finished() {
+  CKPTIO_RETURN_IF_ERROR(check_process());
   std::unique_lock lock(impl_->mu);
   impl_->cv.wait(lock, [&] { return impl_->in_flight == 0; });
   Status first = impl_->first_error;
@@ -294,6 +314,7 @@ Result<SaveHandle> CheckpointManager::save(int64_t step, std::vector<LeafView>&&
 
 Result<SaveHandle> CheckpointManager::save_taken(int64_t step, std::vector<LeafView>&& state,
                                                  const SaveOptions& options, Clock::time_point t0) {
+  CKPTIO_RETURN_IF_ERROR(check_process());
   const int64_t created = unix_ns_now();
   if (step < 0) return invalid_argument("step must be >= 0, got " + std::to_string(step));
   const ProcessGroup& group = options_.processes;
@@ -864,16 +885,19 @@ Result<std::vector<int64_t>> CheckpointManager::Impl::committed_steps(bool parse
 }
 
 Result<std::vector<int64_t>> CheckpointManager::all_steps() {
+  CKPTIO_RETURN_IF_ERROR(check_process());
   return impl_->committed_steps(/*parse=*/true, /*newest_only=*/false);
 }
 
 Result<std::optional<int64_t>> CheckpointManager::latest_step() {
+  CKPTIO_RETURN_IF_ERROR(check_process());
   CKPTIO_ASSIGN_OR_RETURN(auto steps, impl_->committed_steps(true, true));
   if (steps.empty()) return std::optional<int64_t>();
   return std::optional<int64_t>(steps.back());
 }
 
 Result<std::vector<StepInfo>> CheckpointManager::list_step_dirs() {
+  CKPTIO_RETURN_IF_ERROR(check_process());
   CKPTIO_ASSIGN_OR_RETURN(auto dirs, scan_step_dirs(*storage_, impl_->naming));
   std::vector<StepInfo> out;
   for (const StepDir& d : dirs) {
@@ -895,6 +919,7 @@ Result<std::vector<StepInfo>> CheckpointManager::list_step_dirs() {
 }
 
 Result<Index> CheckpointManager::read_index(int64_t step) {
+  CKPTIO_RETURN_IF_ERROR(check_process());
   const std::string dir = impl_->naming.name(step);
   CKPTIO_ASSIGN_OR_RETURN(auto index, impl_->load_index(dir));
   if (!index) return impl_->missing_index(dir, step);
@@ -902,10 +927,12 @@ Result<Index> CheckpointManager::read_index(int64_t step) {
 }
 
 Status CheckpointManager::remove_step(int64_t step) {
+  CKPTIO_RETURN_IF_ERROR(check_process());
   return delete_committed_step(*storage_, impl_->naming.name(step));
 }
 
 Status CheckpointManager::apply_retention(int max_to_keep, int64_t keep_every) {
+  CKPTIO_RETURN_IF_ERROR(check_process());
   return impl_->retain(max_to_keep, keep_every, nullptr);
 }
 
@@ -932,6 +959,7 @@ Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std:
 }
 
 Status CheckpointManager::gc(const GcOptions& options) {
+  CKPTIO_RETURN_IF_ERROR(check_process());
   if (!(options.min_age_seconds >= 0))
     return invalid_argument("gc: min_age_seconds must be >= 0, not " + std::to_string(options.min_age_seconds));
   CKPTIO_ASSIGN_OR_RETURN(auto dirs, scan_step_dirs(*storage_, impl_->naming));

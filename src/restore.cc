@@ -226,6 +226,7 @@ ArenaLayout restore_arena_layout(const Index& index, uint64_t read_alignment) {
 
 Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
                                                  const RestoreOptions& options) {
+  CKPTIO_RETURN_IF_ERROR(check_process());
   // The index's fetch and parse, counted into the restore's stats.
   auto with_index_time = [](Result<RestoredState> r, Clock::time_point t0, Clock::time_point t1) {
     if (r.ok()) {
@@ -743,6 +744,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
 }
 
 Status CheckpointManager::verify(int64_t step) {
+  CKPTIO_RETURN_IF_ERROR(check_process());
   CKPTIO_ASSIGN_OR_RETURN(Index index, read_index(step));
   const std::string dir = impl_->naming.name(step);
   const std::string at = storage_->describe() + "/" + dir + "/";

@@ -4,6 +4,7 @@
 // failures and corruption.
 #include <gtest/gtest.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -420,6 +421,59 @@ TEST(AttemptIds, ForkedChildrenNameTheirAttemptsApart) {
   for (size_t i = 0; i < all.size(); i += 16) ids.insert(all.substr(i, 16));
   EXPECT_EQ(ids.size(), 4u) << "ids drawn: the parent's next and three children's first: " << all;
   for (const std::string& id : ids) EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos) << id;
+}
+
+// A manager's threads stay in the process that made it. A forked child that
+// calls its parent's manager gets a clear error at once instead of a save
+// queued for a worker that does not exist there (which never finished), and
+// the child can destroy it without waiting forever.
+TEST(ForkedManager, EveryCallInAForkedChildFailsAtOnceAndDestroyingItReturns) {
+  const fs::path dir = fs::temp_directory_path() / ("ckptio-forked-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto opened = CheckpointManager::open(dir.string(), {});
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  std::unique_ptr<CheckpointManager> m = std::move(opened).value();
+  std::vector<float> x(1024, 0.5f);
+  std::vector<LeafView> v{LeafView::full("model", "w", DType::kFloat32, {1024}, x.data())};
+  ASSERT_TRUE(m->save(1, v).value().wait().ok());
+
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Exit codes: 0 all refused as they should be; 10 + n: check n failed.
+    auto refused = [](const Status& s) {
+      return s.code() == Code::kFailedPrecondition && s.message().find("fork") != std::string::npos &&
+             s.message().find("open a manager in this process") != std::string::npos;
+    };
+    if (auto h = m->save(2, v); h.ok() || !refused(h.status())) _exit(10);
+    if (auto s = m->all_steps(); s.ok() || !refused(s.status())) _exit(11);
+    if (auto r = m->restore(std::nullopt); r.ok() || !refused(r.status())) _exit(12);
+    if (!refused(m->verify(1))) _exit(13);
+    if (!refused(m->gc())) _exit(14);
+    if (!refused(m->wait_until_finished())) _exit(15);
+    m.reset();  // must return
+    _exit(0);
+  }
+  int status = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  pid_t done = 0;
+  while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    (void)::waitpid(pid, &status, 0);
+    FAIL() << "the forked child hung for 20 s using its parent's manager";
+  }
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "exit code 10 + the index of the check that failed";
+  // The parent's manager goes on.
+  ASSERT_TRUE(m->save(2, v).value().wait().ok());
+  auto steps = m->all_steps();
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ(*steps, (std::vector<int64_t>{1, 2}));
+  m.reset();
+  fs::remove_all(dir);
 }
 
 TEST_P(ManagerTest, RetentionKeepsLastAndEveryK) {

@@ -311,6 +311,11 @@ class CheckpointManager {
                                                          const StorageOptions& storage = {});
   CheckpointManager(std::shared_ptr<Storage> storage, ManagerOptions options);
   ~CheckpointManager();  // waits for every save
+  // A manager belongs to the process that made it: its threads (and its
+  // storage's) do not survive fork(). In a forked child every call below
+  // fails at once with kFailedPrecondition (open a manager in the child
+  // instead), and destroying it there leaks it rather than wait for threads
+  // the child does not have.
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
 
@@ -384,9 +389,13 @@ class CheckpointManager {
   Result<SaveHandle> save_taken(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options,
                                 std::chrono::steady_clock::time_point called);
 
+  // OK in the process that made this manager; kFailedPrecondition in a child.
+  Status check_process() const;
+
   std::shared_ptr<Storage> storage_;
   ManagerOptions options_;
   std::unique_ptr<Impl> impl_;
+  int made_by_pid_ = 0;
 };
 
 }  // namespace ckptio

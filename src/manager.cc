@@ -105,21 +105,35 @@ struct PieceCrc {
 
 // ---- SaveHandle --------------------------------------------------------------
 
+// In a forked child the handle is a copy whose save runs (or ran) in the
+// parent: it never changes there, and its lock may have been held at the
+// fork. The child's own copy of the buffers is read by no one: released.
+namespace {
+bool forked_from(const SaveHandle::State& s) { return s.pid != static_cast<int>(::getpid()); }
+}  // namespace
+
 int64_t SaveHandle::step() const { return s_->step; }
 bool SaveHandle::done() const {
+  if (forked_from(*s_)) return true;
   std::lock_guard lock(s_->mu);
   return s_->done;
 }
 Status SaveHandle::wait() const {
+  if (forked_from(*s_))
+    return Status(Code::kFailedPrecondition, "save of step " + std::to_string(s_->step) + ": the handle of process " +
+                                                 std::to_string(s_->pid) + ", waited on in its fork " +
+                                                 std::to_string(::getpid()) + "; the outcome is known there");
   std::unique_lock lock(s_->mu);
   s_->cv.wait(lock, [&] { return s_->done; });
   return s_->status;
 }
 bool SaveHandle::released() const {
+  if (forked_from(*s_)) return true;
   std::lock_guard lock(s_->mu);
   return s_->released;
 }
 void SaveHandle::wait_released() const {
+  if (forked_from(*s_)) return;
   std::unique_lock lock(s_->mu);
   s_->cv.wait(lock, [&] { return s_->released; });
 }
@@ -355,6 +369,7 @@ Result<SaveHandle> CheckpointManager::save_taken(int64_t step, std::vector<LeafV
   job->started = t0;
   job->created_unix_ns = created;
   job->handle = std::make_shared<SaveHandle::State>();
+  job->handle->pid = made_by_pid_;
   job->handle->step = step;
   if (multi) {
     // Every process names this attempt alike (see src/group_commit.cc).

@@ -21,6 +21,7 @@ namespace ckptio {
 
 struct SaveHandle::State {
   int64_t step = 0;
+  int pid = 0;  // the process whose manager runs the save (a forked child's copy never finishes)
   mutable std::mutex mu;  // guards the fields below
   mutable std::condition_variable cv;
   bool done = false;

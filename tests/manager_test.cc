@@ -436,6 +436,12 @@ TEST(ForkedManager, EveryCallInAForkedChildFailsAtOnceAndDestroyingItReturns) {
   std::vector<float> x(1024, 0.5f);
   std::vector<LeafView> v{LeafView::full("model", "w", DType::kFloat32, {1024}, x.data())};
   ASSERT_TRUE(m->save(1, v).value().wait().ok());
+  // A save in flight as the process forks (64 MiB: still writing, most likely).
+  std::vector<std::byte> big(64 << 20, std::byte{7});
+  std::vector<LeafView> bv{LeafView::full("model", "big", DType::kUInt8, {static_cast<int64_t>(big.size())},
+                                          big.data())};
+  auto in_flight = m->save(3, bv);
+  ASSERT_TRUE(in_flight.ok()) << in_flight.status().to_string();
 
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
@@ -445,6 +451,12 @@ TEST(ForkedManager, EveryCallInAForkedChildFailsAtOnceAndDestroyingItReturns) {
       return s.code() == Code::kFailedPrecondition && s.message().find("fork") != std::string::npos &&
              s.message().find("open a manager in this process") != std::string::npos;
     };
+    // The handle of the parent's save: its outcome is the parent's to know.
+    if (Status w = in_flight->wait(); w.code() != Code::kFailedPrecondition ||
+                                      w.message().find("the outcome is known there") == std::string::npos)
+      _exit(20);
+    if (!in_flight->done() || !in_flight->released()) _exit(21);
+    in_flight->wait_released();
     if (auto h = m->save(2, v); h.ok() || !refused(h.status())) _exit(10);
     if (auto s = m->all_steps(); s.ok() || !refused(s.status())) _exit(11);
     if (auto r = m->restore(std::nullopt); r.ok() || !refused(r.status())) _exit(12);
@@ -467,11 +479,12 @@ TEST(ForkedManager, EveryCallInAForkedChildFailsAtOnceAndDestroyingItReturns) {
   }
   ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   EXPECT_EQ(WEXITSTATUS(status), 0) << "exit code 10 + the index of the check that failed";
-  // The parent's manager goes on.
+  // The parent's manager goes on; its save in flight at the fork commits.
+  EXPECT_TRUE(in_flight->wait().ok());
   ASSERT_TRUE(m->save(2, v).value().wait().ok());
   auto steps = m->all_steps();
   ASSERT_TRUE(steps.ok());
-  EXPECT_EQ(*steps, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(*steps, (std::vector<int64_t>{1, 2, 3}));
   m.reset();
   fs::remove_all(dir);
 }

@@ -315,7 +315,9 @@ class CheckpointManager {
   // storage's) do not survive fork(). In a forked child every call below
   // fails at once with kFailedPrecondition (open a manager in the child
   // instead), and destroying it there leaks it rather than wait for threads
-  // the child does not have.
+  // the child does not have. A SaveHandle copied into a child likewise:
+  // wait() fails at once (the outcome is the parent's), done() and
+  // released() are true (no one reads the child's copy of the buffers).
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
 

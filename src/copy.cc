@@ -14,6 +14,7 @@
 // never touches a committed step's objects.
 #include <chrono>
 
+#include "src/callback.h"
 #include "src/commit.h"
 #include "src/copy.h"
 #include "src/layout.h"
@@ -145,19 +146,24 @@ Result<CopyStats> copy_attempt(Storage& src, Storage& dst, const Namings& names,
   uint64_t total = 0;  // for progress; saturates (a hostile index fails on reading)
   for (const auto& f : s.index.files)
     if (__builtin_add_overflow(total, f.size, &total)) total = UINT64_MAX;
-  if (o.on_progress) {
-    o.on_progress(stats.step, 0, total);
-    plan.on_progress = [&](uint64_t done) { o.on_progress(stats.step, done, total); };
-  }
+  if (o.on_progress)  // what it throws stops the copy as an error would
+    plan.on_progress = [&](uint64_t done) {
+      return call_callback("on_progress", [&] { o.on_progress(stats.step, done, total); }).annotate(what);
+    };
 
   const auto t0 = Clock::now();
   bool outcome_unknown = false;
-  auto streamed = stream_data_files(src, dst, s.index, plan);
-  Status st = streamed.status();
+  Status st = plan.on_progress ? plan.on_progress(0) : Status::OK();
+  StreamResult streamed;
+  if (st.ok()) {
+    auto r = stream_data_files(src, dst, s.index, plan);
+    st = r.status();
+    if (r.ok()) streamed = *r;
+  }
   stats.data_seconds = seconds_since(t0);
   if (st.ok()) {
-    stats.bytes = streamed->bytes;
-    stats.shards = streamed->shards;
+    stats.bytes = streamed.bytes;
+    stats.shards = streamed.shards;
     stats.files = s.index.files.size();
     const auto t1 = Clock::now();
     st = commit_attempt(dst, paths, index_text, o.overwrite, &outcome_unknown);
@@ -186,7 +192,9 @@ Result<CopyStats> copy_one(Storage& src, Storage& dst, const Namings& names, int
     CKPTIO_ASSIGN_OR_RETURN(stats, copy_attempt(src, dst, names, s, o));
   }
   stats.seconds = seconds_since(t0);
-  if (o.on_step) o.on_step(stats);
+  if (o.on_step)  // the step is at DST whatever it throws; a copy of all steps stops
+    CKPTIO_RETURN_IF_ERROR(call_callback("on_step", [&] { o.on_step(stats); })
+                               .annotate("step " + std::to_string(step) + " was copied, then"));
   return stats;
 }
 

@@ -53,8 +53,10 @@ struct StreamPlan {
   uint64_t chunk = 0;       // copy_chunk_size()
   uint64_t max_memory = 0;  // at least 2 * chunk
   std::string what;         // "step 12" for messages
-  // Data bytes whose write completed so far; on the calling thread.
-  std::function<void(uint64_t done)> on_progress;
+  // Data bytes whose write completed so far; on the calling thread. An
+  // error stops the copy (what is in flight lands first, then the
+  // unfinished objects are aborted).
+  std::function<Status(uint64_t done)> on_progress;
 };
 
 struct StreamResult {

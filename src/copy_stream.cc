@@ -216,18 +216,21 @@ struct Pending {
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return count == 0; });
   }
-  // The same, calling tick(bytes_done) every 100 ms and at the end.
-  void wait_idle(const std::function<void(uint64_t)>& tick) {
+  // The same, calling tick(bytes_done) every 100 ms and at the end, until
+  // it fails (it still waits); returns its first error.
+  Status wait_idle(const std::function<Status(uint64_t)>& tick) {
+    Status st;
     std::unique_lock lock(mu);
     while (!cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return count == 0; })) {
+      if (!st.ok()) continue;
       const uint64_t b = bytes_done;
       lock.unlock();
-      tick(b);
+      st = tick(b);
       lock.lock();
     }
     const uint64_t b = bytes_done;
     lock.unlock();
-    tick(b);
+    return st.ok() ? tick(b) : st;
   }
   Status error() {
     std::lock_guard lock(mu);
@@ -309,7 +312,7 @@ Result<StreamResult> stream_data_files(Storage& src, Storage& dst, const Index& 
     if (const ShardCheck* bad = verifiers[f].finish()) return mismatch(f, *bad);
     // Only this file's writes are in flight (files are written in order and
     // earlier ones are finished): let progress follow them, then fsync.
-    if (plan.on_progress) pending.wait_idle(plan.on_progress);
+    if (plan.on_progress) CKPTIO_RETURN_IF_ERROR(pending.wait_idle(plan.on_progress));  // (aborted below)
     Status st = out[f].writer->finish(index.files[f].size);
     out[f].finished = true;  // finish() consumed the object, failed or not
     result.shards += verifiers[f].verified();
@@ -389,7 +392,7 @@ Result<StreamResult> stream_data_files(Storage& src, Storage& dst, const Index& 
     for (size_t i = 0; i < b.chunks.size() && st.ok(); ++i) st = write(b.chunks[i]);
     release_unwritten(b);
     if (st.ok()) st = write_error();
-    if (plan.on_progress) plan.on_progress(pending.bytes());
+    if (st.ok() && plan.on_progress) st = plan.on_progress(pending.bytes());
   }
 
   // Leave nothing running that points into our buffers or our stack.
@@ -402,7 +405,7 @@ Result<StreamResult> stream_data_files(Storage& src, Storage& dst, const Index& 
   pending.wait_idle();
   if (st.ok()) st = write_error();
   if (!st.ok()) return st;
-  if (plan.on_progress) plan.on_progress(pending.bytes());
+  if (plan.on_progress) CKPTIO_RETURN_IF_ERROR(plan.on_progress(pending.bytes()));
   for (const auto& f : index.files) result.bytes += f.size;  // all read: no overflow
   return result;
 }

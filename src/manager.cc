@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "src/async.h"
+#include "src/callback.h"
 #include "src/cast.h"
 #include "src/commit.h"
 #include "src/crc32c.h"
@@ -100,6 +101,13 @@ struct PieceCrc {
   uint32_t crc = 0;
   uint64_t length = 0;
 };
+
+// A caller's callback on the worker thread: what it throws is logged.
+template <typename F>
+void run_callback(const char* name, int64_t step, F&& call) {
+  Status st = call_callback(name, std::forward<F>(call));
+  if (!st.ok()) spdlog::error("ckptio: step {}: {}", step, st.message());
+}
 
 }  // namespace
 
@@ -796,7 +804,8 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
 
   // The callback runs before the handle completes, so that a caller who
   // waited on the handle knows its callback has run.
-  if (owner->options().on_commit) owner->options().on_commit(CommitEvent{job.step, st, stats});
+  if (owner->options().on_commit)
+    run_callback("on_commit", job.step, [&] { owner->options().on_commit(CommitEvent{job.step, st, stats}); });
   job.handle->finish(st, stats);
   // Retention is the committer's job: process 0 of a group.
   if (st.ok() && owner->options().processes.index == 0 &&
@@ -805,7 +814,8 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
     r.after_step = job.step;
     r.status = retain(owner->options().max_to_keep, owner->options().keep_every, &r.deleted);
     if (!r.status.ok()) spdlog::warn("ckptio: retention after step {}: {}", job.step, r.status.to_string());
-    if (owner->options().on_retention) owner->options().on_retention(r);
+    if (owner->options().on_retention)
+      run_callback("on_retention", job.step, [&] { owner->options().on_retention(r); });
   }
   {
     std::lock_guard lock(mu);

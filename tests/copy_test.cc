@@ -12,6 +12,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -404,6 +405,49 @@ TEST_P(CopyTest, WriteFaultAtTheDestinationDiscardsTheAttempt) {
   // And then it works.
   ASSERT_TRUE(copy_step(*src_, *dst_, 5, small()).ok());
   EXPECT_EQ(manager(dst_)->all_steps().value(), (std::vector<int64_t>{1, 5}));
+}
+
+// A progress callback that throws (a Python callback raising through a
+// binding) stops the copy as a failure would: no exception leaves copy_step
+// (it would unwind the stack the reads and writes in flight point into),
+// nothing is committed, the attempt is discarded.
+TEST_P(CopyTest, AProgressCallbackThatThrowsFailsTheCopyAndLeavesNothing) {
+  auto old = sample_state(4);
+  save_dst(1, old);
+  save_src(5, sample_state(5));
+  const std::set<std::string> before = everything(*dst_);
+  for (int throw_at : {0, 1, 3}) {  // at the first call (before any byte), and mid-stream
+    SCOPED_TRACE(throw_at);
+    int calls = 0;
+    CopyOptions o = small();
+    o.on_progress = [&](int64_t, uint64_t, uint64_t) {
+      if (calls++ == throw_at) {
+        if (throw_at == 3) throw 42;  // not a std::exception
+        throw std::runtime_error("stop the copy");
+      }
+    };
+    auto stats = copy_step(*src_, *dst_, 5, o);
+    ASSERT_FALSE(stats.ok());
+    EXPECT_EQ(stats.status().code(), Code::kCancelled) << stats.status().to_string();
+    EXPECT_NE(stats.status().message().find("on_progress callback threw"), std::string::npos)
+        << stats.status().to_string();
+    if (throw_at != 3)
+      EXPECT_NE(stats.status().message().find("stop the copy"), std::string::npos) << stats.status().to_string();
+    EXPECT_GT(calls, throw_at);
+    auto m = manager(dst_);
+    EXPECT_EQ(m->all_steps().value(), std::vector<int64_t>{1});
+    EXPECT_EQ(everything(*dst_), before) << "the stopped attempt left objects behind";
+  }
+  // on_step runs once the step is at DST: it stays, and the error says so.
+  CopyOptions o = small();
+  o.on_step = [](const CopyStats&) { throw std::runtime_error("after the step"); };
+  auto stats = copy_step(*src_, *dst_, 5, o);
+  ASSERT_FALSE(stats.ok());
+  EXPECT_EQ(stats.status().code(), Code::kCancelled);
+  EXPECT_NE(stats.status().message().find("step 5 was copied, then"), std::string::npos) << stats.status().to_string();
+  EXPECT_NE(stats.status().message().find("after the step"), std::string::npos) << stats.status().to_string();
+  EXPECT_EQ(manager(dst_)->all_steps().value(), (std::vector<int64_t>{1, 5}));
+  EXPECT_TRUE(manager(dst_)->verify(5).ok());
 }
 
 TEST_P(CopyTest, CommittedStepNeedsOverwrite) {

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -487,6 +488,37 @@ TEST(ForkedManager, EveryCallInAForkedChildFailsAtOnceAndDestroyingItReturns) {
   EXPECT_EQ(*steps, (std::vector<int64_t>{1, 2, 3}));
   m.reset();
   fs::remove_all(dir);
+}
+
+// Callbacks run on the worker thread. What they throw (a Python callback
+// raising through a binding) is logged; the process goes on, every handle
+// completes with the save's own outcome, and later saves still run.
+TEST_P(ManagerTest, CallbacksThatThrowNeitherEndTheProcessNorStopTheManager) {
+  ManagerOptions o;
+  o.max_to_keep = 1;
+  std::atomic<int> commits{0}, retentions{0};
+  o.on_commit = [&](const CommitEvent& e) {
+    ++commits;
+    if (e.step == 1) throw std::runtime_error("raised in on_commit");
+    if (e.step == 2) throw 7;  // not a std::exception
+  };
+  o.on_retention = [&](const RetentionEvent&) {
+    ++retentions;
+    throw std::runtime_error("raised in on_retention");
+  };
+  auto m = manager(o);
+  auto state = sample_state(31);
+  for (int64_t step : {1, 2, 3}) {
+    auto h = m->save(step, views(state));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    EXPECT_TRUE(h->wait().ok()) << h->wait().to_string();
+  }
+  EXPECT_TRUE(m->wait_until_finished().ok());
+  EXPECT_EQ(commits.load(), 3);
+  EXPECT_EQ(retentions.load(), 3);
+  auto steps = m->all_steps();
+  ASSERT_TRUE(steps.ok());
+  EXPECT_EQ(*steps, std::vector<int64_t>{3}) << "retention ran, its callback's throw aside";
 }
 
 TEST_P(ManagerTest, RetentionKeepsLastAndEveryK) {

@@ -76,8 +76,11 @@ struct CopyOptions {
   uint64_t max_memory = 0;
   // Called on the calling thread as a step's copy advances (first with
   // done = 0): data bytes whose write completed so far, and the step's total.
+  // An exception it throws stops the copy (kCancelled, with its message):
+  // nothing of the attempt is committed or left behind.
   std::function<void(int64_t step, uint64_t done, uint64_t total)> on_progress;
-  // Called on the calling thread after each step copied or skipped.
+  // Called on the calling thread after each step copied or skipped. An
+  // exception it throws ends the copy with kCancelled (that step stays).
   std::function<void(const CopyStats&)> on_step;
 };
 

@@ -136,7 +136,8 @@ struct ManagerOptions {
   // Runs once per save that returned a handle, success or failure, on the
   // manager's worker thread, before that save's handle completes (so after
   // SaveHandle::wait() returns, the callback has run). It must not wait on
-  // that handle.
+  // that handle. What it throws is logged and goes no further (the save's
+  // outcome stands); so for on_retention.
   std::function<void(const CommitEvent&)> on_commit;
   // Runs after each retention that follows a commit, on the worker thread,
   // before wait_until_finished() returns; a failure is also logged. The save

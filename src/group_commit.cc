@@ -36,6 +36,7 @@
 #include <set>
 #include <thread>
 
+#include "src/callback.h"
 #include "src/layout.h"
 #include "src/manifest.h"
 
@@ -62,6 +63,15 @@ std::string key_in(const GroupSave& g, const std::string& name) { return g.paths
 
 std::string barrier_name(const GroupSave& g, const char* phase) {
   return "ckptio/" + g.paths.final_dir + "/" + g.paths.attempt + "/" + phase;
+}
+
+// The trainer's barrier (user code, maybe a binding): what it throws fails
+// the wait like an error it returns.
+Status barrier_wait(const GroupSave& g, const char* phase) {
+  Status out;
+  Status thrown = call_callback(
+      "barrier", [&] { out = g.group.barrier->wait(barrier_name(g, phase), g.group.timeout_seconds); });
+  return thrown.ok() ? out : thrown;
 }
 
 double elapsed(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -144,7 +154,7 @@ Status publish_manifest(const GroupSave& g, const Index& partial, const Status& 
   st = st.annotate("write manifest " + g.storage.describe() + "/" + key);
   if (g.group.barrier) {
     // Always arrive, even after a failure: the others wait here too.
-    Status b = g.group.barrier->wait(barrier_name(g, "written"), g.group.timeout_seconds);
+    Status b = barrier_wait(g, "written");
     if (st.ok() && !b.ok()) st = b.annotate("barrier " + barrier_name(g, "written"));
   }
   return st;
@@ -202,7 +212,7 @@ void announce_outcome(const GroupSave& g, const Status& outcome) {
                                g.step, st.to_string());
   }
   if (g.group.barrier) {
-    Status b = g.group.barrier->wait(barrier_name(g, "decided"), g.group.timeout_seconds);
+    Status b = barrier_wait(g, "decided");
     if (!b.ok()) spdlog::warn("ckptio: barrier {}: {}", barrier_name(g, "decided"), b.to_string());
   }
   if (outcome.ok()) {  // the manifests served their purpose
@@ -227,7 +237,7 @@ Result<bool> index_lists(Storage& storage, const std::string& final_dir, const s
 
 Status await_outcome(const GroupSave& g) {
   if (g.group.barrier) {
-    Status b = g.group.barrier->wait(barrier_name(g, "decided"), g.group.timeout_seconds);
+    Status b = barrier_wait(g, "decided");
     if (!b.ok()) return b.annotate("barrier " + barrier_name(g, "decided"));
   }
   const std::string ours = group_data_file(g.paths.attempt, g.group.index);

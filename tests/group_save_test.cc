@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 
 #include "backends/local/local_storage.h"
@@ -195,6 +196,29 @@ TEST_P(GroupSaveTest, TwoProcessesWithATrainersBarrier) {
   ASSERT_EQ(names.size(), 4u);  // "written" and "decided", twice each
   EXPECT_NE(names[0].find("/written"), std::string::npos) << names[0];
   EXPECT_NE(names[3].find("/decided"), std::string::npos) << names[3];
+}
+
+// A trainer's barrier is user code (through a binding, perhaps): what it
+// throws fails the save like an error it returns, instead of leaving the
+// worker thread (which would end the process).
+class ThrowingBarrier : public SaveBarrier {
+ public:
+  Status wait(const std::string& name, double) override { throw std::runtime_error("barrier down at " + name); }
+};
+
+TEST_P(GroupSaveTest, ABarrierThatThrowsFailsTheSaveOnEveryProcess) {
+  const auto state = global_state(4);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  auto opts = options_for(2, 2.0);
+  for (auto& o : opts) o.processes.barrier = std::make_shared<ThrowingBarrier>();
+  for (const Status& st : save_all(6, states, opts)) {
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("the barrier callback threw: barrier down at ckptio/"), std::string::npos)
+        << st.to_string();
+  }
+  CheckpointManager reader(faults_, {});
+  EXPECT_FALSE(reader.latest_step().value().has_value());
 }
 
 TEST_P(GroupSaveTest, AHoleFailsEveryProcessNamingLeafAndRegion) {

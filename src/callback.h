@@ -1,6 +1,6 @@
-// Calling the caller's callbacks (on_commit, on_retention, a copy's
-// on_progress and on_step): whatever they throw -- a binding's error from a
-// Python callback, say -- becomes a Status here and goes no further. An
+// Calling the caller's code (on_commit, on_retention, a copy's on_progress
+// and on_step, a SaveBarrier): whatever it throws -- a binding's error from
+// a Python callback, say -- becomes a Status here and goes no further. An
 // exception would otherwise leave a worker thread (ending the process, the
 // save's handle never completing) or unwind a copy's stack while its reads
 // and writes in flight still point into it.

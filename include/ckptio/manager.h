@@ -329,6 +329,13 @@ class CheckpointManager {
   Result<SaveHandle> save(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options = {});
   // Waits for every save so far; returns the first error among them.
   Status wait_until_finished();
+  // Copy mode: allocates the staging buffers a save of `state_bytes` uses
+  // (at most staging_budget) and faults their pages in now, on the calling
+  // thread, so that the first save() does not stall on touching fresh
+  // memory (577 ms for 256 MiB on this project's VM; later saves 9 ms).
+  // Call it while the trainer sets up, from a thread of its own if the
+  // setup should not wait. Borrow mode has no staging buffers: OK at once.
+  Status prepare_staging(uint64_t state_bytes);
 
   // Committed steps only, ascending. A step whose index fails to parse, or
   // (POSIX-like stores, where a final directory always holds its index) a

@@ -32,6 +32,7 @@ struct DemoCmd {
   int update_leaves = 4;
   std::string staging = "copy";
   bool keep_dir = false;
+  bool no_prepare = false;  // skip prepare_staging (to see the first save without it)
 };
 
 // "Training": reads a leaf over and over until `until` (a stand-in for the
@@ -120,7 +121,7 @@ int run_demo(const GlobalOptions& g, const DemoCmd& o) {
     say("  %s already holds step %lld: continuing from step %lld\n", uri.c_str(),
         static_cast<long long>(**latest), static_cast<long long>(first));
   synth::State state = synth::generate(layout, o.seed);
-  if (mo.staging == StagingMode::kCopy) {
+  if (mo.staging == StagingMode::kCopy && !o.no_prepare) {
     // A trainer's setup: fault the copy buffers in now, not in the first save.
     const auto p0 = Clock::now();
     Status prepared = m->prepare_staging(layout.total_bytes);
@@ -249,6 +250,8 @@ void add_demo(CLI::App& app, const GlobalOptions& g, Command* run) {
   sub->add_option("--staging", o->staging, "copy (default) or borrow")
       ->check(CLI::IsMember({"copy", "borrow"}));
   sub->add_flag("--keep-dir", o->keep_dir, "Keep the temporary directory");
+  sub->add_flag("--no-prepare-staging", o->no_prepare,
+                "Copy staging: skip prepare_staging at setup (the first save then faults its buffers in)");
   sub->callback([o, &g, run] { *run = [o, &g] { return run_demo(g, *o); }; });
 }
 

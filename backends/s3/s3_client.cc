@@ -5,6 +5,7 @@
 #include <future>
 #include <random>
 
+#include "backends/s3/credentials.h"
 #include "backends/s3/retry.h"
 #include "backends/s3/s3_xml.h"
 #include "backends/s3/sigv4.h"
@@ -92,7 +93,10 @@ void S3Client::send(std::shared_ptr<Attempt> a, std::chrono::milliseconds delay)
   if (config_.anonymous) {
     req.headers.emplace_back("x-amz-content-sha256", a->payload_hash);
   } else {
-    for (auto& h : sign(sr, config_.creds, config_.region, "s3", amz_date_now()))
+    // Renewed credentials: the set current now, for this attempt.
+    const Credentials creds = config_.credential_provider ? config_.credential_provider->current() : Credentials{};
+    for (auto& h : sign(sr, config_.credential_provider ? creds : config_.creds, config_.region, "s3",
+                        amz_date_now()))
       req.headers.push_back(std::move(h));
   }
   req.body = op.body;
@@ -126,6 +130,10 @@ void S3Client::on_response(std::shared_ptr<Attempt> a, HttpResponse resp) {
     std::string s3code = err ? err->code : "";
     std::string msg = what + ": HTTP " + std::to_string(resp.status);
     if (err) msg += " " + err->code + (err->message.empty() ? "" : ": " + err->message);
+    if (config_.credential_provider && (resp.status == 400 || resp.status == 403)) {
+      const std::string why = config_.credential_provider->stale_reason();
+      if (!why.empty()) msg += " (" + why + ")";
+    }
     st = Status(code_for_http(resp.status, s3code), msg);
     if (retryable_http(resp.status, s3code)) st = Status(Code::kUnavailable, msg);
   }

@@ -9,6 +9,10 @@
 #include <fstream>
 #include <set>
 
+#include <spdlog/spdlog.h>
+
+#include "backends/s3/credentials.h"
+
 namespace ckptio::s3 {
 namespace {
 
@@ -175,6 +179,40 @@ Status check_region(const std::string& region) {
   return Status::OK();
 }
 
+// The host of an http(s) URL is on loopback: 127.0.0.0/8, ::1 or localhost.
+bool is_loopback_url(std::string_view url) {
+  const size_t sep = url.find("://");
+  if (sep == std::string_view::npos) return false;
+  std::string_view host = url.substr(sep + 3);
+  host = host.substr(0, host.find_first_of("/?#"));
+  if (!host.empty() && host.front() == '[') return host.substr(0, 5) == "[::1]";
+  host = host.substr(0, host.find(':'));
+  return lowercase(host) == "localhost" || host.substr(0, 4) == "127.";
+}
+
+// AWS_CONTAINER_CREDENTIALS_FULL_URI: https anywhere; plain http only to
+// loopback and the ECS / EKS Pod Identity agents, as the SDKs allow.
+Status check_container_url(std::string_view url) {
+  const std::string lower = lowercase(url.substr(0, 8));
+  if (lower.rfind("https://", 0) == 0) return Status::OK();
+  if (lower.rfind("http://", 0) == 0) {
+    std::string_view host = url.substr(7);
+    host = host.substr(0, host.find_first_of("/?#"));
+    if (host.find('@') != std::string_view::npos)
+      return invalid_argument("AWS_CONTAINER_CREDENTIALS_FULL_URI must not contain user info");
+    if (is_loopback_url(url)) return Status::OK();
+    if (!host.empty() && host.front() == '[') {
+      if (host.substr(0, 14) == "[fd00:ec2::23]") return Status::OK();
+    } else {
+      host = host.substr(0, host.find(':'));
+      if (host == "169.254.170.2" || host == "169.254.170.23") return Status::OK();
+    }
+  }
+  return invalid_argument("AWS_CONTAINER_CREDENTIALS_FULL_URI '" + printable(url) +
+                          "' must be https, or http to loopback, 169.254.170.2, 169.254.170.23 "
+                          "or [fd00:ec2::23]");
+}
+
 bool finite_positive(double v) { return std::isfinite(v) && v > 0; }
 bool finite_nonnegative(double v) { return std::isfinite(v) && v >= 0; }
 
@@ -308,6 +346,7 @@ std::string S3Config::describe_redacted() const {
     const std::string& id = creds.access_key_id;
     s += " access_key_id=" + (id.size() >= 8 ? "****" + id.substr(id.size() - 4) : std::string("****"));
     if (!creds.session_token.empty()) s += " session_token=yes";
+    if (credential_provider) s += " renewed=yes";
   }
   s += " max_connections=" + std::to_string(max_connections);
   s += " part_size=" + std::to_string(part_size);
@@ -319,7 +358,7 @@ std::string S3Config::describe_redacted() const {
 }
 
 Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& getenv,
-                                   const ReadFile& read_file) {
+                                   const ReadFile& read_file, bool use_network) {
   // Empty variables count as unset, as in the AWS CLI.
   auto env = [&](const std::string& name) -> std::optional<std::string> {
     std::optional<std::string> v = getenv ? getenv(name) : std::nullopt;
@@ -380,8 +419,54 @@ Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& get
 
   S3Config c;
 
+  // ---- Region (STS's endpoint depends on it).
+  if (o.region) c.region = *o.region;
+  else if (auto v = env("AWS_REGION")) c.region = *v;
+  else if (auto v = env("AWS_DEFAULT_REGION")) c.region = *v;
+  else if (auto v = from_profile("region")) c.region = *v;
+  CKPTIO_RETURN_IF_ERROR(check_region(c.region));
+
+  // ---- Endpoint (whether it is on loopback decides the metadata probe).
+  const bool ignore_configured_endpoints =
+      env_true("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS") ||
+      lowercase(from_profile("ignore_configured_endpoint_urls").value_or("")) == "true";
+  std::optional<std::pair<std::string, std::string>> endpoint;  // value, source
+  if (o.endpoint) {
+    endpoint.emplace(*o.endpoint, "override");
+  } else if (!ignore_configured_endpoints) {
+    if (auto v = env("AWS_ENDPOINT_URL_S3")) endpoint.emplace(*v, "AWS_ENDPOINT_URL_S3");
+    else if (auto v = env("AWS_ENDPOINT_URL")) endpoint.emplace(*v, "AWS_ENDPOINT_URL");
+    else if (auto v = from_profile("s3.endpoint_url")) endpoint.emplace(*v, profile_source);
+    else if (auto v = from_profile("endpoint_url")) endpoint.emplace(*v, profile_source);
+  }
+  if (endpoint) {
+    CKPTIO_ASSIGN_OR_RETURN(c.endpoint, normalize_endpoint(endpoint->first, endpoint->second));
+  } else {
+    c.endpoint = "https://s3." + c.region + ".amazonaws.com";
+  }
+
   // ---- Credentials: one source supplies the whole set.
+  const bool want_anonymous = o.anonymous ? *o.anonymous : env_true("AWS_NO_SIGN_REQUEST");
+  const bool network = use_network && !want_anonymous;
   bool have_creds = false;
+  auto use_provider = [&](std::string source, FetchCredentials fetch) -> Status {
+    CKPTIO_ASSIGN_OR_RETURN(c.credential_provider, CredentialProvider::start(source, std::move(fetch)));
+    c.creds = c.credential_provider->current();
+    c.credentials_source = std::move(source);
+    have_creds = true;
+    return Status::OK();
+  };
+  // The web identity pair: from the environment, else from the profile.
+  std::optional<std::string> wi_token_file = env("AWS_WEB_IDENTITY_TOKEN_FILE");
+  std::optional<std::string> wi_role = env("AWS_ROLE_ARN");
+  std::optional<std::string> wi_session = env("AWS_ROLE_SESSION_NAME");
+  std::string wi_source = "AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN";
+  if (!wi_token_file && !wi_role && from_profile("web_identity_token_file")) {
+    wi_token_file = from_profile("web_identity_token_file");
+    wi_role = from_profile("role_arn");
+    wi_session = from_profile("role_session_name");
+    wi_source = profile_source + " web_identity_token_file and role_arn";
+  }
   if (o.creds) {
     if (o.creds->access_key_id.empty() || o.creds->secret_access_key.empty())
       return invalid_argument("credentials override needs both an access key id and a secret access key");
@@ -398,6 +483,23 @@ Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& get
     c.creds = Credentials{*id, *secret, env("AWS_SESSION_TOKEN").value_or("")};
     c.credentials_source = "environment";
     have_creds = true;
+  } else if (network && (wi_token_file || wi_role)) {
+    if (!wi_token_file || !wi_role)
+      return invalid_argument(wi_source + ": web identity needs both the token file and the role ARN");
+    std::string sts;
+    if (auto v = ignore_configured_endpoints ? std::nullopt : env("AWS_ENDPOINT_URL_STS")) {
+      CKPTIO_ASSIGN_OR_RETURN(sts, normalize_endpoint(*v, "AWS_ENDPOINT_URL_STS"));
+    } else if (auto v = ignore_configured_endpoints ? std::nullopt : env("AWS_ENDPOINT_URL")) {
+      CKPTIO_ASSIGN_OR_RETURN(sts, normalize_endpoint(*v, "AWS_ENDPOINT_URL"));
+    } else {
+      sts = "https://sts." + c.region + ".amazonaws.com";
+    }
+    const std::string session =
+        wi_session.value_or("ckptio-" + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                           std::chrono::system_clock::now().time_since_epoch())
+                                                           .count()));
+    CKPTIO_RETURN_IF_ERROR(use_provider("web identity " + printable(*wi_role),
+                                        web_identity_fetcher(sts, *wi_role, session, *wi_token_file, 10)));
   } else if (from_profile("aws_access_key_id") || from_profile("aws_secret_access_key")) {
     const auto id = from_profile("aws_access_key_id");
     const auto secret = from_profile("aws_secret_access_key");
@@ -406,6 +508,51 @@ Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& get
     c.creds = Credentials{*id, *secret, from_profile("aws_session_token").value_or("")};
     c.credentials_source = profile_source;
     have_creds = true;
+  } else if (network && (env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") ||
+                         env("AWS_CONTAINER_CREDENTIALS_FULL_URI"))) {
+    std::string url;
+    if (auto rel = env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")) {
+      if (rel->front() != '/' || rel->find_first_of(" \t\r\n@") != std::string::npos)
+        return invalid_argument("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI must be a path starting with '/'");
+      url = "http://169.254.170.2" + *rel;
+    } else {
+      url = *env("AWS_CONTAINER_CREDENTIALS_FULL_URI");
+      CKPTIO_RETURN_IF_ERROR(check_container_url(url));
+    }
+    CKPTIO_RETURN_IF_ERROR(use_provider(
+        "container " + printable(url),
+        container_fetcher(url, env("AWS_CONTAINER_AUTHORIZATION_TOKEN").value_or(""),
+                          env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE").value_or(""), 2)));
+  } else if (network && !env_true("AWS_EC2_METADATA_DISABLED")) {
+    std::optional<std::string> imds = env("AWS_EC2_METADATA_SERVICE_ENDPOINT");
+    if (!imds) imds = from_profile("ec2_metadata_service_endpoint");
+    if (imds || !is_loopback_url(c.endpoint)) {
+      std::string ep = "http://169.254.169.254";
+      if (imds) {
+        CKPTIO_ASSIGN_OR_RETURN(ep, normalize_endpoint(*imds, "AWS_EC2_METADATA_SERVICE_ENDPOINT"));
+      }
+      double timeout = 1;
+      std::optional<std::string> t = env("AWS_METADATA_SERVICE_TIMEOUT");
+      if (!t) t = from_profile("metadata_service_timeout");
+      if (t) {
+        char* end = nullptr;
+        const std::string text(trim(*t));
+        timeout = std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != '\0' || !finite_positive(timeout))
+          return invalid_argument("AWS_METADATA_SERVICE_TIMEOUT must be a positive number of seconds");
+      }
+      Result<std::shared_ptr<CredentialProvider>> p =
+          CredentialProvider::start("instance metadata " + ep, instance_metadata_fetcher(ep, timeout));
+      if (p.ok()) {
+        c.credential_provider = std::move(*p);
+        c.creds = c.credential_provider->current();
+        c.credentials_source = "instance metadata " + ep;
+        have_creds = true;
+      } else {
+        // Not on EC2, or no role: as the SDKs, go on to the next rule.
+        spdlog::debug("ckptio: no credentials from instance metadata: {}", p.status().to_string());
+      }
+    }
   }
   if (o.anonymous) {
     c.anonymous = *o.anonymous;
@@ -422,31 +569,9 @@ Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& get
   if (c.anonymous) {
     c.creds = Credentials{};
     c.credentials_source.clear();
+    c.credential_provider.reset();
   }
 
-  // ---- Region.
-  if (o.region) c.region = *o.region;
-  else if (auto v = env("AWS_REGION")) c.region = *v;
-  else if (auto v = env("AWS_DEFAULT_REGION")) c.region = *v;
-  else if (auto v = from_profile("region")) c.region = *v;
-  CKPTIO_RETURN_IF_ERROR(check_region(c.region));
-
-  // ---- Endpoint and addressing.
-  std::optional<std::pair<std::string, std::string>> endpoint;  // value, source
-  if (o.endpoint) {
-    endpoint.emplace(*o.endpoint, "override");
-  } else if (!env_true("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS") &&
-             lowercase(from_profile("ignore_configured_endpoint_urls").value_or("")) != "true") {
-    if (auto v = env("AWS_ENDPOINT_URL_S3")) endpoint.emplace(*v, "AWS_ENDPOINT_URL_S3");
-    else if (auto v = env("AWS_ENDPOINT_URL")) endpoint.emplace(*v, "AWS_ENDPOINT_URL");
-    else if (auto v = from_profile("s3.endpoint_url")) endpoint.emplace(*v, profile_source);
-    else if (auto v = from_profile("endpoint_url")) endpoint.emplace(*v, profile_source);
-  }
-  if (endpoint) {
-    CKPTIO_ASSIGN_OR_RETURN(c.endpoint, normalize_endpoint(endpoint->first, endpoint->second));
-  } else {
-    c.endpoint = "https://s3." + c.region + ".amazonaws.com";
-  }
   if (o.path_style) {
     c.path_style = *o.path_style;
   } else {
@@ -519,7 +644,7 @@ Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o) {
     text.resize(static_cast<size_t>(in.gcount()));
     return text;
   };
-  return resolve_s3_config(o, getenv, read_file);
+  return resolve_s3_config(o, getenv, read_file, /*use_network=*/true);
 }
 
 }  // namespace ckptio::s3

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -26,6 +27,8 @@
 #include "ckptio/status.h"
 
 namespace ckptio::s3 {
+
+class CredentialProvider;  // credentials.h
 
 // s3://bucket[/prefix[/]]
 struct S3Uri {
@@ -85,8 +88,13 @@ struct S3Config {
   double connect_timeout_s = 10;
   double request_timeout_s = 60;  // low-speed / stall timeout, not a total deadline
   // Where creds came from, for logs: "override", "environment", "profile NAME",
-  // or "" when anonymous.
+  // "web identity ROLE_ARN", "container URL", "instance metadata ENDPOINT", or
+  // "" when anonymous.
   std::string credentials_source;
+  // Set for credentials that expire and are renewed (web identity, container,
+  // instance metadata): every request attempt signs with its current() set,
+  // and `creds` is only the first one. Shared by copies of the config.
+  std::shared_ptr<CredentialProvider> credential_provider;
 
   // One line for logs and `ckptio` output: endpoint, region, addressing,
   // credential source and the last 4 characters of the access key id, limits.
@@ -123,8 +131,26 @@ using ReadFile = std::function<std::optional<std::string>(const std::string& pat
 //   region     override; AWS_REGION; AWS_DEFAULT_REGION; profile "region"; us-east-1
 //   creds      override; AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN),
 //              skipped when overrides.profile names a profile (as `aws --profile`);
+//              then, only with use_network (see credentials.h for each):
+//                web identity: AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN
+//                (+ AWS_ROLE_SESSION_NAME), else the profile's web_identity_token_file
+//                + role_arn (+ role_session_name); STS at AWS_ENDPOINT_URL_STS, else
+//                AWS_ENDPOINT_URL, else https://sts.<region>.amazonaws.com;
 //              profile aws_access_key_id + aws_secret_access_key (+ aws_session_token),
-//              the credentials file winning over the config file
+//              the credentials file winning over the config file;
+//              then, only with use_network:
+//                container: AWS_CONTAINER_CREDENTIALS_RELATIVE_URI (on 169.254.170.2)
+//                or AWS_CONTAINER_CREDENTIALS_FULL_URI (https, or http to loopback or
+//                the ECS/EKS link-local hosts), Authorization from
+//                AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE or _TOKEN;
+//                instance metadata (IMDSv2) at AWS_EC2_METADATA_SERVICE_ENDPOINT or
+//                http://169.254.169.254, timeout AWS_METADATA_SERVICE_TIMEOUT (1 s);
+//                not tried when AWS_EC2_METADATA_DISABLED=true, or when the S3
+//                endpoint is on loopback and no metadata endpoint is set (a local
+//                test server needs no probe of a link-local address).
+//              A configured web identity or container source that fails is an
+//              error; an instance metadata service that is absent or has no role
+//              is not (the next rule applies).
 //   anonymous  override; AWS_NO_SIGN_REQUEST=true; and, when no credentials are
 //              found anywhere, true (public buckets and local test servers work
 //              without setup; a server that needs credentials answers 403, and
@@ -147,10 +173,13 @@ using ReadFile = std::function<std::optional<std::string>(const std::string& pat
 // credential pair; part_size outside [5 MiB, 5 GiB]; max_connections 0;
 // max_attempts < 1; negative or non-finite backoff seconds (0 is allowed, for
 // tests); zero, negative or non-finite timeouts; a region outside [A-Za-z0-9._-].
+// Without use_network it never touches the network (the fuzz target and the
+// unit tests call it so).
 Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& getenv,
-                                   const ReadFile& read_file);
+                                   const ReadFile& read_file, bool use_network = false);
 
-// The same with the process environment (std::getenv) and the filesystem.
+// The same with the process environment (std::getenv), the filesystem and the
+// network.
 Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o);
 
 }  // namespace ckptio::s3

@@ -310,6 +310,49 @@ Status status_from_s3_error(long status, const S3Error& e) {
   return Status(code, std::move(msg));
 }
 
+Result<StsCredentials> parse_sts_credentials(std::string_view body) {
+  constexpr std::string_view op = "STS AssumeRoleWithWebIdentity";
+  pugi::xml_document doc;
+  CKPTIO_ASSIGN_OR_RETURN(pugi::xml_node root, load(doc, body, op));
+  if (local_name(root) == "ErrorResponse" || local_name(root) == "Error") {
+    pugi::xml_node err = root;
+    if (local_name(root) == "ErrorResponse") {
+      auto errs = children_named(root, "Error");
+      if (errs.size() != 1) return malformed(op, "<ErrorResponse> without exactly one <Error>");
+      err = errs.front();
+    }
+    const std::string code = first_text(err, "Code");
+    const std::string message = first_text(err, "Message");
+    Code c = Code::kIOError;
+    if (code == "Throttling" || code == "IDPCommunicationError" || code == "ServiceUnavailable" ||
+        code == "InternalFailure")
+      c = Code::kUnavailable;
+    else if (code == "InvalidIdentityToken" || code == "ExpiredTokenException" ||
+             code == "AccessDenied" || code == "IDPRejectedClaim" || code == "InvalidClientTokenId" ||
+             code == "RegionDisabledException")
+      c = Code::kPermissionDenied;
+    return Status(c, std::string(op) + ": " + (code.empty() ? "error" : quoted(code)) +
+                         (message.empty() ? "" : ": " + quoted(message)));
+  }
+  const std::string_view name = local_name(root);
+  if (name != "AssumeRoleWithWebIdentityResponse" && name != "AssumeRoleResponse")
+    return malformed(op, "expected <AssumeRoleWithWebIdentityResponse>, got <" + quoted(name) + ">");
+  auto results = children_named(root, "AssumeRoleWithWebIdentityResult");
+  if (results.empty()) results = children_named(root, "AssumeRoleResult");
+  if (results.size() != 1) return malformed(op, "expected one <AssumeRoleWithWebIdentityResult>");
+  auto creds = children_named(results.front(), "Credentials");
+  if (creds.size() != 1) return malformed(op, "expected one <Credentials>");
+  StsCredentials out;
+  CKPTIO_ASSIGN_OR_RETURN(out.access_key_id, required_text(creds.front(), "AccessKeyId", op));
+  CKPTIO_ASSIGN_OR_RETURN(out.secret_access_key, required_text(creds.front(), "SecretAccessKey", op));
+  CKPTIO_ASSIGN_OR_RETURN(out.session_token, required_text(creds.front(), "SessionToken", op));
+  CKPTIO_ASSIGN_OR_RETURN(std::string exp, required_text(creds.front(), "Expiration", op));
+  const std::optional<int64_t> ns = parse_s3_timestamp(exp);
+  if (!ns) return malformed(op, "<Expiration> is '" + quoted(exp) + "', expected an ISO 8601 UTC time");
+  out.expiration_unix_ns = *ns;
+  return out;
+}
+
 Result<std::string> parse_initiate_multipart(std::string_view body) {
   constexpr std::string_view op = "CreateMultipartUpload";
   pugi::xml_document doc;

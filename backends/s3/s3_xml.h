@@ -50,6 +50,20 @@ std::optional<S3Error> parse_error(std::string_view body);
 // with the server's text truncated to a sane length.
 Status status_from_s3_error(long status, const S3Error& e);
 
+// STS AssumeRoleWithWebIdentity (and AssumeRole): the temporary credentials
+// under <...Result><Credentials>, all four fields required. An STS
+// <ErrorResponse><Error><Code>..</Code><Message>..</Message></Error> becomes an
+// error: kPermissionDenied for the identity and access codes
+// (InvalidIdentityToken, ExpiredTokenException, AccessDenied, ...),
+// kUnavailable for throttling and IDPCommunicationError, else kIOError.
+struct StsCredentials {
+  std::string access_key_id;
+  std::string secret_access_key;
+  std::string session_token;
+  int64_t expiration_unix_ns = 0;
+};
+Result<StsCredentials> parse_sts_credentials(std::string_view body);
+
 // CreateMultipartUpload (POST ?uploads): the UploadId, non-empty.
 Result<std::string> parse_initiate_multipart(std::string_view body);
 

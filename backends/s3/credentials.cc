@@ -1,0 +1,329 @@
+#include "backends/s3/credentials.h"
+
+#include <algorithm>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "backends/s3/http_client.h"
+#include "backends/s3/s3_xml.h"
+
+namespace ckptio::s3 {
+namespace {
+
+constexpr size_t kMaxCredentialBody = 64 << 10;  // a credentials document is < 4 KiB
+constexpr size_t kMaxTokenFile = 64 << 10;         // a JWT is a few KiB
+
+SystemTime from_unix_ns(int64_t ns) {
+  return SystemTime(std::chrono::duration_cast<SystemTime::duration>(std::chrono::nanoseconds(ns)));
+}
+
+std::string utc_text(SystemTime t) {
+  const std::time_t s = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  gmtime_r(&s, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Server-supplied text for a message: bounded and printable.
+std::string bounded(std::string_view s) {
+  std::string out;
+  for (char c : s.substr(0, 200)) {
+    const auto u = static_cast<unsigned char>(c);
+    out.push_back(u < 0x20 || u == 0x7f ? '?' : c);
+  }
+  if (s.size() > 200) out += "...";
+  return out;
+}
+
+// One HTTP exchange with a short-lived client: renewals are rare (hourly or
+// less), so a loop thread per fetch costs nothing that matters.
+HttpResponse http_perform(HttpRequest req, double timeout_s) {
+  HttpClientOptions o;
+  o.max_in_flight = 1;
+  o.connect_timeout_s = timeout_s;
+  o.stall_timeout_s = timeout_s;
+  HttpClient client(o);
+  req.max_body = kMaxCredentialBody;
+  return client.perform(std::move(req));
+}
+
+// An exchange that did not complete, or answered other than 200, as a Status.
+// The body is quoted (bounded) only for errors: it never holds credentials then.
+Status http_failure(const HttpResponse& r, const std::string& what) {
+  if (r.curl_code != 0) {
+    if (r.body_too_large) return Status(Code::kDataLoss, what + ": response larger than " +
+                                                             std::to_string(kMaxCredentialBody) + " bytes");
+    return Status(Code::kUnavailable, what + ": " + r.curl_error);
+  }
+  const Code c = r.status == 401 || r.status == 403 ? Code::kPermissionDenied
+                 : r.status == 404                  ? Code::kNotFound
+                 : r.status == 429 || r.status >= 500 ? Code::kUnavailable
+                                                      : Code::kIOError;
+  return Status(c, what + ": HTTP " + std::to_string(r.status) +
+                       (r.body.empty() ? "" : " (" + bounded(r.body) + ")"));
+}
+
+Result<std::string> read_token_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status(Code::kNotFound, std::string(what) + " " + bounded(path) + " cannot be read");
+  std::string text(kMaxTokenFile + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) return io_error(std::string(what) + " " + bounded(path) + ": read failed");
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxTokenFile)
+    return invalid_argument(std::string(what) + " " + bounded(path) + " is larger than 64 KiB");
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
+    text.pop_back();
+  if (text.empty()) return invalid_argument(std::string(what) + " " + bounded(path) + " is empty");
+  return text;
+}
+
+// application/x-www-form-urlencoded, with SigV4's (RFC 3986) encoding.
+std::string form(const KeyValues& kv) {
+  std::string out;
+  for (const auto& [k, v] : kv) {
+    if (!out.empty()) out += '&';
+    out += uri_encode(k, true) + "=" + uri_encode(v, true);
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<TimedCredentials> parse_credentials_json(std::string_view body, std::string_view what) {
+  const std::string op(what);
+  if (body.size() > kMaxCredentialBody) return io_error(op + ": credentials document too large");
+  nlohmann::json j = nlohmann::json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return io_error(op + ": not a JSON object");
+  auto field = [&](const char* name, bool required) -> Result<std::string> {
+    auto it = j.find(name);
+    if (it == j.end() || it->is_null()) {
+      if (required) return io_error(op + ": missing \"" + name + "\"");
+      return std::string();
+    }
+    if (!it->is_string()) return io_error(op + ": \"" + name + "\" is not a string");
+    std::string v = it->get<std::string>();
+    if (required && v.empty()) return io_error(op + ": empty \"" + name + "\"");
+    for (char c : v)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+        return io_error(op + ": \"" + name + "\" contains a control character");
+    return v;
+  };
+  CKPTIO_ASSIGN_OR_RETURN(std::string code, field("Code", false));
+  if (!code.empty() && code != "Success") {
+    CKPTIO_ASSIGN_OR_RETURN(std::string message, field("Message", false));
+    return Status(Code::kUnavailable, op + ": Code " + bounded(code) +
+                                          (message.empty() ? "" : ": " + bounded(message)));
+  }
+  TimedCredentials out;
+  CKPTIO_ASSIGN_OR_RETURN(out.creds.access_key_id, field("AccessKeyId", true));
+  CKPTIO_ASSIGN_OR_RETURN(out.creds.secret_access_key, field("SecretAccessKey", true));
+  CKPTIO_ASSIGN_OR_RETURN(out.creds.session_token, field("Token", false));
+  CKPTIO_ASSIGN_OR_RETURN(std::string exp, field("Expiration", false));
+  if (!exp.empty()) {
+    const std::optional<int64_t> ns = parse_s3_timestamp(exp);
+    if (!ns) return io_error(op + ": \"Expiration\" is '" + bounded(exp) + "', expected an ISO 8601 UTC time");
+    out.expiration = from_unix_ns(*ns);
+  }
+  return out;
+}
+
+// ---- CredentialProvider ----------------------------------------------------
+
+CredentialProvider::CredentialProvider(std::string source, FetchCredentials fetch, RefreshOptions options)
+    : source_(std::move(source)), fetch_(std::move(fetch)), options_(options) {}
+
+Result<std::shared_ptr<CredentialProvider>> CredentialProvider::start(std::string source,
+                                                                      FetchCredentials fetch,
+                                                                      RefreshOptions options) {
+  std::shared_ptr<CredentialProvider> p(new CredentialProvider(std::move(source), std::move(fetch), options));
+  Result<TimedCredentials> first = p->fetch_();
+  if (!first.ok()) return first.status().annotate("credentials from " + p->source_);
+  p->current_ = std::move(*first);
+  p->fetches_ = 1;
+  if (p->current_.expiration) p->thread_ = std::thread([raw = p.get()] { raw->run(); });
+  return p;
+}
+
+CredentialProvider::~CredentialProvider() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void CredentialProvider::run() {
+  using std::chrono::duration;
+  auto seconds = [](double s) {
+    return std::chrono::duration_cast<SystemTime::duration>(duration<double>(s));
+  };
+  std::unique_lock lk(mu_);
+  SystemTime fetched_at = std::chrono::system_clock::now();
+  std::optional<SystemTime> retry_at;
+  while (!stop_) {
+    if (!current_.expiration) return;  // a renewal returned keys that never expire
+    const SystemTime exp = *current_.expiration;
+    SystemTime next;
+    if (retry_at) {
+      next = *retry_at;
+    } else {
+      const auto lifetime = exp - fetched_at;
+      next = exp - std::min(seconds(options_.refresh_before_s), lifetime / 2);
+      next = std::max(next, fetched_at + seconds(0.2));  // never spin on a set that is already stale
+    }
+    if (cv_.wait_until(lk, next, [&] { return stop_; })) return;
+    if (std::chrono::system_clock::now() < next) continue;
+    lk.unlock();
+    Result<TimedCredentials> r = fetch_();
+    lk.lock();
+    const SystemTime now = std::chrono::system_clock::now();
+    if (r.ok()) {
+      current_ = std::move(*r);
+      ++fetches_;
+      last_error_.clear();
+      retry_at.reset();
+      fetched_at = now;
+    } else {
+      ++failed_;
+      last_error_ = r.status().to_string();
+      const double left = duration<double>(exp - now).count();
+      retry_at = now + seconds(std::max(0.2, std::min(options_.retry_after_s, left / 4)));
+    }
+  }
+}
+
+Credentials CredentialProvider::current() const {
+  std::lock_guard lk(mu_);
+  return current_.creds;
+}
+
+std::string CredentialProvider::stale_reason() const {
+  std::lock_guard lk(mu_);
+  if (!current_.expiration || std::chrono::system_clock::now() < *current_.expiration) return {};
+  std::string s = "credentials from " + source_ + " expired at " + utc_text(*current_.expiration);
+  if (!last_error_.empty()) s += "; the last renewal failed: " + last_error_;
+  return s;
+}
+
+std::optional<SystemTime> CredentialProvider::expiration() const {
+  std::lock_guard lk(mu_);
+  return current_.expiration;
+}
+
+uint64_t CredentialProvider::fetches() const {
+  std::lock_guard lk(mu_);
+  return fetches_;
+}
+
+uint64_t CredentialProvider::failed_fetches() const {
+  std::lock_guard lk(mu_);
+  return failed_;
+}
+
+// ---- Fetchers ----------------------------------------------------------------
+
+FetchCredentials instance_metadata_fetcher(std::string endpoint, double timeout_s) {
+  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  return [endpoint, timeout_s]() -> Result<TimedCredentials> {
+    // IMDSv2: a session token first. 403/404/405 mean the endpoint does not
+    // serve tokens (IMDSv1 only), as botocore reads them; anything else that
+    // fails is an error, never a silent downgrade.
+    HttpRequest tok;
+    tok.method = "PUT";
+    tok.url = endpoint + "/latest/api/token";
+    tok.headers = {{"X-aws-ec2-metadata-token-ttl-seconds", "21600"}};
+    HttpResponse t = http_perform(tok, timeout_s);
+    std::vector<std::pair<std::string, std::string>> auth;
+    if (t.curl_code == 0 && t.status == 200 && !t.body.empty()) {
+      auth = {{"X-aws-ec2-metadata-token", t.body}};
+    } else if (!(t.curl_code == 0 && (t.status == 403 || t.status == 404 || t.status == 405))) {
+      return http_failure(t, "instance metadata token (PUT " + tok.url + ")");
+    }
+    HttpRequest roles;
+    roles.method = "GET";
+    roles.url = endpoint + "/latest/meta-data/iam/security-credentials/";
+    roles.headers = auth;
+    HttpResponse r = http_perform(roles, timeout_s);
+    if (r.curl_code != 0 || r.status != 200) {
+      if (r.curl_code == 0 && r.status == 404)
+        return Status(Code::kNotFound, "instance metadata: no IAM role is attached to this instance");
+      return http_failure(r, "instance metadata (GET " + roles.url + ")");
+    }
+    std::string role = r.body.substr(0, r.body.find('\n'));
+    while (!role.empty() && (role.back() == '\r' || role.back() == ' ')) role.pop_back();
+    if (role.empty() || role.find_first_of("/?#% ") != std::string::npos)
+      return io_error("instance metadata: unexpected role name '" + bounded(role) + "'");
+    HttpRequest get;
+    get.method = "GET";
+    get.url = roles.url + role;
+    get.headers = auth;
+    HttpResponse c = http_perform(get, timeout_s);
+    if (c.curl_code != 0 || c.status != 200) return http_failure(c, "instance metadata role " + role);
+    return parse_credentials_json(c.body, "instance metadata role " + role);
+  };
+}
+
+FetchCredentials container_fetcher(std::string url, std::string token, std::string token_file,
+                                   double timeout_s) {
+  return [url, token, token_file, timeout_s]() -> Result<TimedCredentials> {
+    HttpRequest req;
+    req.method = "GET";
+    req.url = url;
+    std::string auth = token;
+    if (!token_file.empty()) {
+      CKPTIO_ASSIGN_OR_RETURN(auth, read_token_file(token_file, "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"));
+    }
+    for (char c : auth)
+      if (c == '\r' || c == '\n')
+        return invalid_argument("the container authorization token contains a line break");
+    if (!auth.empty()) req.headers = {{"Authorization", auth}};
+    HttpResponse r = http_perform(req, timeout_s);
+    if (r.curl_code != 0 || r.status != 200) return http_failure(r, "container credentials (GET " + url + ")");
+    return parse_credentials_json(r.body, "container credentials");
+  };
+}
+
+FetchCredentials web_identity_fetcher(std::string sts_endpoint, std::string role_arn,
+                                      std::string session_name, std::string token_file,
+                                      double timeout_s) {
+  while (!sts_endpoint.empty() && sts_endpoint.back() == '/') sts_endpoint.pop_back();
+  return [=]() -> Result<TimedCredentials> {
+    CKPTIO_ASSIGN_OR_RETURN(std::string token, read_token_file(token_file, "AWS_WEB_IDENTITY_TOKEN_FILE"));
+    const std::string body = form({{"Action", "AssumeRoleWithWebIdentity"},
+                                   {"Version", "2011-06-15"},
+                                   {"RoleArn", role_arn},
+                                   {"RoleSessionName", session_name},
+                                   {"WebIdentityToken", token}});
+    HttpRequest req;
+    req.method = "POST";
+    req.url = sts_endpoint + "/";
+    req.headers = {{"Content-Type", "application/x-www-form-urlencoded; charset=utf-8"}};
+    req.body = std::as_bytes(std::span(body.data(), body.size()));
+    HttpResponse r = http_perform(req, timeout_s);
+    const std::string what = "STS AssumeRoleWithWebIdentity at " + sts_endpoint + " for " + bounded(role_arn);
+    if (r.curl_code != 0) return http_failure(r, what);
+    // STS answers errors as XML: the parser names STS's code and message.
+    Result<StsCredentials> sts = parse_sts_credentials(r.body);
+    if (r.status != 200) {
+      HttpResponse head;
+      head.status = r.status;
+      const Status h = http_failure(head, what);
+      const Code c = !sts.ok() && sts.status().code() != Code::kIOError ? sts.status().code() : h.code();
+      return Status(c, h.message() + (sts.ok() ? "" : ": " + sts.status().message()));
+    }
+    if (!sts.ok()) return sts.status().annotate(what);
+    TimedCredentials out;
+    out.creds = Credentials{std::move(sts->access_key_id), std::move(sts->secret_access_key),
+                            std::move(sts->session_token)};
+    out.expiration = from_unix_ns(sts->expiration_unix_ns);
+    return out;
+  };
+}
+
+}  // namespace ckptio::s3

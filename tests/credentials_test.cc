@@ -1,0 +1,459 @@
+// Temporary credentials (backends/s3/credentials.h): the parsers, renewal
+// ahead of expiry, and the three sources end to end against moto with request
+// authentication on, through tests/s3/credentials-server, which hands out
+// keys that are deleted on moto the moment they expire.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/s3/credentials.h"
+#include "backends/s3/http_client.h"
+#include "backends/s3/s3_config.h"
+#include "backends/s3/s3_storage.h"
+#include "backends/s3/s3_xml.h"
+#include "testutil/s3_server.h"
+
+extern char** environ;
+
+namespace ckptio::s3 {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+// ---- parsers ------------------------------------------------------------------
+
+TEST(CredentialsJson, ImdsDocument) {
+  const auto r = parse_credentials_json(
+      R"({"Code":"Success","LastUpdated":"2026-11-25T10:00:00Z","Type":"AWS-HMAC",
+          "AccessKeyId":"ASIAEXAMPLE","SecretAccessKey":"sek/ret+1","Token":"tok==",
+          "Expiration":"2026-11-25T16:00:00Z"})",
+      "imds");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->creds.access_key_id, "ASIAEXAMPLE");
+  EXPECT_EQ(r->creds.secret_access_key, "sek/ret+1");
+  EXPECT_EQ(r->creds.session_token, "tok==");
+  ASSERT_TRUE(r->expiration.has_value());
+  EXPECT_EQ(std::chrono::duration_cast<std::chrono::seconds>(r->expiration->time_since_epoch()).count(),
+            1795622400);  // date -d 2026-11-25T16:00:00Z +%s
+}
+
+TEST(CredentialsJson, ContainerDocumentWithoutTokenOrExpiration) {
+  const auto r = parse_credentials_json(R"({"AccessKeyId":"AKIA1","SecretAccessKey":"s"})", "container");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->creds.session_token, "");
+  EXPECT_FALSE(r->expiration.has_value());
+}
+
+TEST(CredentialsJson, RejectsWhatIsNotACredentialSet) {
+  for (const char* body :
+       {"", "[]", "not json", R"({"SecretAccessKey":"s"})", R"({"AccessKeyId":"a"})",
+        R"({"AccessKeyId":"","SecretAccessKey":"s"})", R"({"AccessKeyId":1,"SecretAccessKey":"s"})",
+        R"({"AccessKeyId":"a","SecretAccessKey":"s","Expiration":"tomorrow"})",
+        R"({"AccessKeyId":"a","SecretAccessKey":"s\nx"})",
+        R"({"Code":"AssumeRoleUnauthorizedAccess","AccessKeyId":"a","SecretAccessKey":"s"})"}) {
+    const auto r = parse_credentials_json(body, "imds");
+    EXPECT_FALSE(r.ok()) << body;
+    if (!r.ok()) EXPECT_EQ(r.status().message().find("imds"), 0u) << r.status().to_string();
+  }
+  // A failure never quotes the secret.
+  const auto r = parse_credentials_json(R"({"AccessKeyId":"a","SecretAccessKey":"TOPSECRET","Expiration":"x"})", "i");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().to_string().find("TOPSECRET"), std::string::npos);
+}
+
+TEST(StsXml, WebIdentityResponse) {
+  const auto r = parse_sts_credentials(
+      R"(<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
+  <AssumeRoleWithWebIdentityResult>
+    <SubjectFromWebIdentityToken>system:serviceaccount:ns:sa</SubjectFromWebIdentityToken>
+    <Credentials>
+      <SessionToken>FwoGZX</SessionToken><SecretAccessKey>wJalr</SecretAccessKey>
+      <Expiration>2026-11-25T11:00:00Z</Expiration><AccessKeyId>ASIAXYZ</AccessKeyId>
+    </Credentials>
+  </AssumeRoleWithWebIdentityResult>
+  <ResponseMetadata><RequestId>1</RequestId></ResponseMetadata>
+</AssumeRoleWithWebIdentityResponse>)");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->access_key_id, "ASIAXYZ");
+  EXPECT_EQ(r->secret_access_key, "wJalr");
+  EXPECT_EQ(r->session_token, "FwoGZX");
+  EXPECT_EQ(r->expiration_unix_ns, int64_t{1795604400} * 1000000000);
+}
+
+TEST(StsXml, ErrorsKeepStsCodeAndMessage) {
+  const auto r = parse_sts_credentials(
+      "<ErrorResponse><Error><Type>Sender</Type><Code>InvalidIdentityToken</Code>"
+      "<Message>No OpenIDConnect provider found</Message></Error></ErrorResponse>");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kPermissionDenied);
+  EXPECT_NE(r.status().message().find("InvalidIdentityToken: No OpenIDConnect provider found"),
+            std::string::npos)
+      << r.status().to_string();
+  const auto t = parse_sts_credentials("<ErrorResponse><Error><Code>Throttling</Code></Error></ErrorResponse>");
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), Code::kUnavailable);
+  for (const char* bad :
+       {"", "<x/>", "<AssumeRoleWithWebIdentityResponse/>",
+        "<AssumeRoleWithWebIdentityResponse><AssumeRoleWithWebIdentityResult><Credentials>"
+        "<AccessKeyId>a</AccessKeyId><SecretAccessKey>s</SecretAccessKey><SessionToken>t</SessionToken>"
+        "</Credentials></AssumeRoleWithWebIdentityResult></AssumeRoleWithWebIdentityResponse>",
+        "<AssumeRoleWithWebIdentityResponse><AssumeRoleWithWebIdentityResult><Credentials>"
+        "<AccessKeyId>a</AccessKeyId><SecretAccessKey>s</SecretAccessKey><SessionToken>t</SessionToken>"
+        "<Expiration>soon</Expiration></Credentials></AssumeRoleWithWebIdentityResult>"
+        "</AssumeRoleWithWebIdentityResponse>"})
+    EXPECT_FALSE(parse_sts_credentials(bad).ok()) << bad;
+}
+
+// ---- renewal --------------------------------------------------------------------
+
+TimedCredentials expiring_in(std::chrono::milliseconds ms, const std::string& id) {
+  return TimedCredentials{Credentials{id, "secret-" + id, "token-" + id}, std::chrono::system_clock::now() + ms};
+}
+
+TEST(CredentialProvider, RenewsAheadOfExpiry) {
+  std::atomic<int> n{0};
+  auto p = CredentialProvider::start("fake", [&]() -> Result<TimedCredentials> {
+    return expiring_in(2000ms, "key" + std::to_string(n++));
+  });
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ((*p)->current().access_key_id, "key0");
+  // Renewed halfway through each 2 s lifetime, so a set in use never expires.
+  const auto end = std::chrono::steady_clock::now() + 5s;
+  while (std::chrono::steady_clock::now() < end) {
+    const auto exp = (*p)->expiration();
+    ASSERT_TRUE(exp.has_value());
+    ASSERT_GT(*exp, std::chrono::system_clock::now()) << "the current set expired before it was renewed";
+    EXPECT_EQ((*p)->stale_reason(), "");
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_GE((*p)->fetches(), 4u);
+  EXPECT_NE((*p)->current().access_key_id, "key0");
+  EXPECT_EQ((*p)->current().session_token, "token-" + (*p)->current().access_key_id);
+}
+
+TEST(CredentialProvider, FirstFailureIsReturnedAndLaterOnesAreRetriedAndReported) {
+  auto none = CredentialProvider::start("fake", []() -> Result<TimedCredentials> {
+    return Status(Code::kPermissionDenied, "nope");
+  });
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), Code::kPermissionDenied);
+  EXPECT_NE(none.status().message().find("credentials from fake"), std::string::npos);
+
+  std::atomic<int> n{0};
+  RefreshOptions o;
+  o.retry_after_s = 0.05;
+  auto p = CredentialProvider::start("fake", [&]() -> Result<TimedCredentials> {
+    if (n++ == 0) return expiring_in(400ms, "only");
+    return Status(Code::kUnavailable, "metadata service down");
+  }, o);
+  ASSERT_TRUE(p.ok());
+  std::this_thread::sleep_for(700ms);
+  EXPECT_EQ((*p)->current().access_key_id, "only");  // the last good set is kept
+  EXPECT_GE((*p)->failed_fetches(), 2u);
+  const std::string why = (*p)->stale_reason();
+  EXPECT_NE(why.find("credentials from fake expired at"), std::string::npos) << why;
+  EXPECT_NE(why.find("metadata service down"), std::string::npos) << why;
+}
+
+TEST(CredentialProvider, KeysWithoutExpirationAreFetchedOnce) {
+  std::atomic<int> n{0};
+  auto p = CredentialProvider::start("fake", [&]() -> Result<TimedCredentials> {
+    ++n;
+    return TimedCredentials{Credentials{"a", "s", ""}, std::nullopt};
+  });
+  ASSERT_TRUE(p.ok());
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(n.load(), 1);
+  EXPECT_EQ((*p)->stale_reason(), "");
+}
+
+// ---- resolution (no network needed) ------------------------------------------------
+
+using Env = std::map<std::string, std::string>;
+GetEnv getenv_of(const Env& env) {
+  return [env](const std::string& k) -> std::optional<std::string> {
+    auto it = env.find(k);
+    return it == env.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+}
+
+TEST(CredentialChain, NetworkSourcesAreIgnoredWithoutNetwork) {
+  const Env env{{"AWS_WEB_IDENTITY_TOKEN_FILE", "/nonexistent"},
+                {"AWS_ROLE_ARN", "arn:aws:iam::1:role/r"},
+                {"AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://127.0.0.1:1/x"}};
+  const auto c = resolve_s3_config({}, getenv_of(env), nullptr, /*use_network=*/false);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE(c->anonymous);
+  EXPECT_EQ(c->credential_provider, nullptr);
+}
+
+TEST(CredentialChain, StaticKeysComeFirst) {
+  const Env env{{"AWS_ACCESS_KEY_ID", "AKIASTATIC"}, {"AWS_SECRET_ACCESS_KEY", "s"},
+                {"AWS_WEB_IDENTITY_TOKEN_FILE", "/nonexistent"}, {"AWS_ROLE_ARN", "arn:aws:iam::1:role/r"}};
+  const auto c = resolve_s3_config({}, getenv_of(env), nullptr, /*use_network=*/true);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->credentials_source, "environment");
+  EXPECT_EQ(c->credential_provider, nullptr);
+}
+
+TEST(CredentialChain, ConfigurationErrorsNameTheSetting) {
+  struct Case { Env env; const char* expect; };
+  for (const Case& k : {
+           Case{{{"AWS_ROLE_ARN", "arn:aws:iam::1:role/r"}}, "needs both the token file and the role ARN"},
+           Case{{{"AWS_WEB_IDENTITY_TOKEN_FILE", "/nonexistent/token"}, {"AWS_ROLE_ARN", "arn:aws:iam::1:role/r"},
+                 {"AWS_ENDPOINT_URL_STS", "http://127.0.0.1:9"}},
+                "AWS_WEB_IDENTITY_TOKEN_FILE /nonexistent/token cannot be read"},
+           Case{{{"AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://10.1.2.3/creds"}},
+                "must be https, or http to loopback"},
+           Case{{{"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "creds"}}, "must be a path starting with '/'"},
+           Case{{{"AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:9"},
+                 {"AWS_METADATA_SERVICE_TIMEOUT", "soon"}},
+                "AWS_METADATA_SERVICE_TIMEOUT"},
+       }) {
+    const auto c = resolve_s3_config({}, getenv_of(k.env), nullptr, /*use_network=*/true);
+    ASSERT_FALSE(c.ok()) << k.expect;
+    EXPECT_NE(c.status().message().find(k.expect), std::string::npos) << c.status().to_string();
+  }
+}
+
+TEST(CredentialChain, AnAbsentMetadataServiceMeansAnonymous) {
+  // Port 9 (discard) on loopback: connection refused at once.
+  const Env env{{"AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:9"}};
+  const auto c = resolve_s3_config({}, getenv_of(env), nullptr, /*use_network=*/true);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE(c->anonymous);
+}
+
+// ---- end to end: tests/s3/credentials-server in front of moto_sigv4 -------------------
+
+// The fake credential source, running for the life of the object.
+class CredentialServer {
+ public:
+  CredentialServer(const testutil::S3TestServer& srv, double lifetime_s) {
+    dir_ = fs::temp_directory_path() / ("ckptio-creds-" + std::to_string(getpid()) + "-" +
+                                        std::to_string(counter_++));
+    fs::create_directories(dir_);
+    const std::string script = std::string(CKPTIO_SOURCE_DIR) + "/tests/s3/credentials-server";
+    const std::string port_file = (dir_ / "port").string();
+    const std::string log = (dir_ / "log").string();
+    std::vector<std::string> args{"python3", script, "--upstream", srv.env_path, "--port-file", port_file,
+                                  "--lifetime", std::to_string(lifetime_s)};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    const int rc = posix_spawnp(&pid_, "python3", &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+      pid_ = -1;
+      return;
+    }
+    for (int i = 0; i < 300 && !fs::exists(port_file); ++i) std::this_thread::sleep_for(100ms);
+    std::ifstream in(port_file);
+    int port = 0;
+    in >> port;
+    if (port > 0) url_ = "http://127.0.0.1:" + std::to_string(port);
+  }
+  ~CredentialServer() {
+    stop();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  // Every credential request fails from now on; keys already out still expire.
+  void fail_from_now() {
+    HttpClient http(HttpClientOptions{});
+    HttpRequest req;
+    req.method = "POST";
+    req.url = url_ + "/__fail";
+    http.perform(req);
+  }
+  void stop() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+  const std::string& url() const { return url_; }
+  std::string log() const {
+    std::ifstream in(dir_ / "log");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  nlohmann::json stats() const {
+    HttpClient http(HttpClientOptions{});
+    HttpRequest req;
+    req.method = "GET";
+    req.url = url_ + "/__stats";
+    HttpResponse r = http.perform(req);
+    return nlohmann::json::parse(r.body, nullptr, false);
+  }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path dir_;
+  pid_t pid_ = -1;
+  std::string url_;
+};
+
+// The test server's endpoint and region, plus `extra`: no static keys.
+Env server_env(const testutil::S3TestServer& srv, Env extra) {
+  extra["AWS_ENDPOINT_URL"] = srv.endpoint;
+  extra["AWS_REGION"] = srv.region;
+  return extra;
+}
+
+Result<std::shared_ptr<S3Storage>> open_store(const testutil::S3TestServer& srv, const S3Config& c) {
+  std::string prefix = testutil::s3_test_prefix();
+  prefix.pop_back();
+  return make_s3_storage("s3://" + srv.bucket + "/" + prefix, c);
+}
+
+std::vector<std::byte> bytes_of(size_t n, int seed) {
+  std::vector<std::byte> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = std::byte(static_cast<unsigned char>(i * 131 + seed));
+  return v;
+}
+
+void expect_put_get(Storage& store, const std::string& key, int seed) {
+  const auto data = bytes_of(256 << 10, seed);
+  ASSERT_TRUE(store.put(key, data).ok()) << store.put(key, data).to_string();
+  auto got = store.get(key, 1 << 20);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ASSERT_EQ(got->size(), data.size());
+  EXPECT_EQ(std::memcmp(got->data(), data.data(), data.size()), 0);
+}
+
+TEST(S3MotoSigV4Credentials, InstanceMetadataKeysAreRenewedBeforeMotoDeletesThem) {
+  CKPTIO_REQUIRE_S3_SERVER(srv);
+  ASSERT_TRUE(srv.checks_sigv4) << "needs request authentication to prove anything";
+  CredentialServer fake(srv, 4);  // each key lives 4 s, then is deleted on moto
+  ASSERT_FALSE(fake.url().empty()) << fake.log();
+  const auto c = resolve_s3_config({}, getenv_of(server_env(srv, {{"AWS_EC2_METADATA_SERVICE_ENDPOINT", fake.url()}})),
+                                   nullptr, /*use_network=*/true);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_FALSE(c->anonymous);
+  EXPECT_EQ(c->credentials_source, "instance metadata " + fake.url());
+  ASSERT_NE(c->credential_provider, nullptr);
+  EXPECT_NE(c->describe_redacted().find("renewed=yes"), std::string::npos);
+  auto store = open_store(srv, *c);
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  // 11 s of traffic: keys minted at about 0, 2, 4, 6, 8, 10 s; each one dies at 4 s of age.
+  const auto end = std::chrono::steady_clock::now() + 11s;
+  for (int i = 0; std::chrono::steady_clock::now() < end; ++i) {
+    expect_put_get(**store, "obj" + std::to_string(i % 4), i);
+    if (HasFatalFailure()) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  const auto st = fake.stats();
+  EXPECT_GE(st.value("imds", 0), 4) << st.dump();
+  EXPECT_GE(st.value("deleted", 0), 2) << st.dump();  // old keys really are gone on moto
+  EXPECT_EQ(st.value("refused", 0), 0) << st.dump();  // IMDSv2: every call had its token
+  EXPECT_GE(c->credential_provider->fetches(), 4u);
+
+  // The source fails: once the last key has expired (and been deleted on
+  // moto), requests fail, and the error says why.
+  fake.fail_from_now();
+  std::this_thread::sleep_for(5s);
+  const auto data = bytes_of(1024, 7);
+  const Status s = (*store)->put("after", data);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("expired at"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.message().find("the last renewal failed"), std::string::npos) << s.to_string();
+}
+
+TEST(S3MotoSigV4Credentials, ContainerCredentialsNeedTheAuthorizationToken) {
+  CKPTIO_REQUIRE_S3_SERVER(srv);
+  ASSERT_TRUE(srv.checks_sigv4);
+  CredentialServer fake(srv, 3600);
+  ASSERT_FALSE(fake.url().empty()) << fake.log();
+  const fs::path token_file = fs::temp_directory_path() / ("ckptio-ecs-token-" + std::to_string(getpid()));
+  {
+    std::ofstream(token_file) << "ckptio-container-token\n";
+  }
+  Env env = server_env(srv, {{"AWS_CONTAINER_CREDENTIALS_FULL_URI", fake.url() + "/ecs/credentials"},
+                             {"AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", token_file.string()}});
+  const auto c = resolve_s3_config({}, getenv_of(env), nullptr, /*use_network=*/true);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->credentials_source, "container " + fake.url() + "/ecs/credentials");
+  auto store = open_store(srv, *c);
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  expect_put_get(**store, "obj", 1);
+  EXPECT_EQ(fake.stats().value("container", 0), 1);
+
+  // The token from the variable when there is no file; a wrong one is refused.
+  env.erase("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE");
+  env["AWS_CONTAINER_AUTHORIZATION_TOKEN"] = "wrong-token-XYZZY";
+  const auto bad = resolve_s3_config({}, getenv_of(env), nullptr, /*use_network=*/true);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), Code::kPermissionDenied) << bad.status().to_string();
+  EXPECT_NE(bad.status().message().find("HTTP 401"), std::string::npos) << bad.status().to_string();
+  EXPECT_EQ(bad.status().message().find("XYZZY"), std::string::npos) << bad.status().to_string();
+  fs::remove(token_file);
+}
+
+TEST(S3MotoSigV4Credentials, WebIdentitySessionsSignRequestsWithTheirToken) {
+  CKPTIO_REQUIRE_S3_SERVER(srv);
+  ASSERT_TRUE(srv.checks_sigv4);
+  CredentialServer fake(srv, 3600);
+  ASSERT_FALSE(fake.url().empty()) << fake.log();
+  const fs::path token_file = fs::temp_directory_path() / ("ckptio-wi-token-" + std::to_string(getpid()));
+  {
+    std::ofstream(token_file) << "ckptio-web-identity-token";
+  }
+  Env env = server_env(srv, {{"AWS_WEB_IDENTITY_TOKEN_FILE", token_file.string()},
+                             {"AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/ckptio-test-role"},
+                             {"AWS_ROLE_SESSION_NAME", "trainer-7"},
+                             {"AWS_ENDPOINT_URL_STS", fake.url()}});
+  const auto c = resolve_s3_config({}, getenv_of(env), nullptr, /*use_network=*/true);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->credentials_source, "web identity arn:aws:iam::123456789012:role/ckptio-test-role");
+  EXPECT_FALSE(c->creds.session_token.empty());
+  auto store = open_store(srv, *c);
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  expect_put_get(**store, "obj", 2);  // moto checks X-Amz-Security-Token against the session
+  const auto st = fake.stats();
+  EXPECT_EQ(st.value("sts", 0), 1) << st.dump();
+  EXPECT_EQ(st["sessions"], nlohmann::json::array({"trainer-7"})) << st.dump();
+
+  // A session signed without its token is refused by moto: the token matters.
+  S3Config no_token = *c;
+  no_token.credential_provider.reset();
+  no_token.creds.session_token.clear();
+  no_token.retry.max_attempts = 1;
+  auto store2 = open_store(srv, no_token);
+  ASSERT_TRUE(store2.ok());
+  const auto data = bytes_of(1024, 3);
+  EXPECT_FALSE((*store2)->put("x", data).ok());
+
+  // A token STS rejects: STS's code, as a permission error.
+  {
+    std::ofstream(token_file) << "some-other-token";
+  }
+  const auto bad = resolve_s3_config({}, getenv_of(env), nullptr, /*use_network=*/true);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), Code::kPermissionDenied) << bad.status().to_string();
+  EXPECT_NE(bad.status().message().find("InvalidIdentityToken"), std::string::npos) << bad.status().to_string();
+  EXPECT_EQ(bad.status().message().find("some-other-token"), std::string::npos);
+  fs::remove(token_file);
+}
+
+}  // namespace
+}  // namespace ckptio::s3

@@ -38,6 +38,9 @@ Result<std::shared_ptr<Storage>> open_s3(const std::string& uri, const StorageOp
       return invalid_argument("S3 payload signing must be 'on' or 'off', got '" + o.payload_signing + "'");
     ov.sign_payloads = o.payload_signing == "on";
   }
+  if (!o.sse.empty()) ov.sse = o.sse;
+  if (!o.sse_kms_key_id.empty()) ov.sse_kms_key_id = o.sse_kms_key_id;
+  if (!o.storage_class.empty()) ov.storage_class = o.storage_class;
   CKPTIO_ASSIGN_OR_RETURN(s3::S3Config config, s3::resolve_s3_config(ov));
   CKPTIO_ASSIGN_OR_RETURN(auto storage, s3::make_s3_storage(uri, config));
   return std::shared_ptr<Storage>(std::move(storage));

@@ -53,7 +53,31 @@ std::string S3Client::describe(const std::string& key) const {
 
 S3ClientStats S3Client::stats() const { return {requests_.load(), retries_.load()}; }
 
+namespace {
+
+// PutObject, CopyObject and CreateMultipartUpload make an object; UploadPart
+// (and UploadPartCopy) must not repeat the encryption headers.
+bool creates_object(const S3Op& op) {
+  if (op.key.empty()) return false;
+  auto has = [&](std::string_view name) {
+    for (const auto& [k, v] : op.query)
+      if (k == name) return true;
+    return false;
+  };
+  if (op.method == "PUT") return !has("partNumber");
+  if (op.method == "POST") return has("uploads");
+  return false;
+}
+
+}  // namespace
+
 void S3Client::execute(S3Op op, S3Done done) {
+  if (creates_object(op)) {
+    if (!config_.sse.empty()) op.headers.emplace_back("x-amz-server-side-encryption", config_.sse);
+    if (!config_.sse_kms_key_id.empty())
+      op.headers.emplace_back("x-amz-server-side-encryption-aws-kms-key-id", config_.sse_kms_key_id);
+    if (!config_.storage_class.empty()) op.headers.emplace_back("x-amz-storage-class", config_.storage_class);
+  }
   auto a = std::make_shared<Attempt>();
   a->payload_hash = op.sign_payload ? sha256_hex(op.body) : "UNSIGNED-PAYLOAD";
   a->op = std::move(op);

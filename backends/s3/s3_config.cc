@@ -354,6 +354,8 @@ std::string S3Config::describe_redacted() const {
        fmt(retry.cap_seconds) + "s";
   s += " connect_timeout=" + fmt(connect_timeout_s) + "s";
   s += " stall_timeout=" + fmt(request_timeout_s) + "s";
+  if (!sse.empty()) s += " sse=" + sse + (sse_kms_key_id.empty() ? "" : " sse_kms_key_id=" + sse_kms_key_id);
+  if (!storage_class.empty()) s += " storage_class=" + storage_class;
   return s;
 }
 
@@ -625,6 +627,32 @@ Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& get
   if (o.request_timeout_s) c.request_timeout_s = *o.request_timeout_s;
   if (!finite_positive(c.connect_timeout_s) || !finite_positive(c.request_timeout_s))
     return invalid_argument("timeouts must be finite and positive");
+
+  // ---- What objects are written as.
+  if (o.sse) c.sse = *o.sse;
+  if (o.sse_kms_key_id) c.sse_kms_key_id = *o.sse_kms_key_id;
+  if (o.storage_class) c.storage_class = *o.storage_class;
+  if (!c.sse.empty() && c.sse != "AES256" && c.sse != "aws:kms" && c.sse != "aws:kms:dsse")
+    return invalid_argument("server-side encryption '" + printable(c.sse) +
+                            "' must be AES256, aws:kms or aws:kms:dsse");
+  if (!c.sse_kms_key_id.empty()) {
+    if (c.sse.rfind("aws:kms", 0) != 0)
+      return invalid_argument("a KMS key id needs server-side encryption aws:kms or aws:kms:dsse");
+    for (char ch : c.sse_kms_key_id)
+      if (is_control(static_cast<unsigned char>(ch)) || is_space(ch))
+        return invalid_argument("the KMS key id contains whitespace or control characters");
+  }
+  if (!c.storage_class.empty()) {
+    if (c.storage_class.size() > 64 ||
+        !std::all_of(c.storage_class.begin(), c.storage_class.end(),
+                     [](char ch) { return (ch >= 'A' && ch <= 'Z') || ch == '_'; }))
+      return invalid_argument("storage class '" + printable(c.storage_class) +
+                              "' must be an S3 storage class name such as STANDARD or INTELLIGENT_TIERING");
+    if (c.storage_class == "GLACIER" || c.storage_class == "DEEP_ARCHIVE")
+      return invalid_argument("storage class " + c.storage_class +
+                              " cannot be read without a restore request: a checkpoint there could not "
+                              "be restored (GLACIER_IR can)");
+  }
   return c;
 }
 

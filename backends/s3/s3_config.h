@@ -87,6 +87,16 @@ struct S3Config {
   RetryPolicy retry;
   double connect_timeout_s = 10;
   double request_timeout_s = 60;  // low-speed / stall timeout, not a total deadline
+  // Sent with every request that creates an object (PutObject,
+  // CreateMultipartUpload, CopyObject), never with UploadPart: server-side
+  // encryption "" (the bucket's default) | "AES256" | "aws:kms" |
+  // "aws:kms:dsse"; the KMS key (id, ARN or alias) with aws:kms*, "" for the
+  // account's default key; the storage class, "" for the bucket's default
+  // (STANDARD). Bucket policies that demand encryption headers then accept
+  // every write of a checkpoint.
+  std::string sse;
+  std::string sse_kms_key_id;
+  std::string storage_class;
   // Where creds came from, for logs: "override", "environment", "profile NAME",
   // "web identity ROLE_ARN", "container URL", "instance metadata ENDPOINT", or
   // "" when anonymous.
@@ -116,6 +126,9 @@ struct S3ConfigOverrides {
   std::optional<double> connect_timeout_s;
   std::optional<double> request_timeout_s;
   std::optional<std::string> profile;  // as AWS_PROFILE; must exist when set
+  std::optional<std::string> sse;
+  std::optional<std::string> sse_kms_key_id;
+  std::optional<std::string> storage_class;
 };
 
 using GetEnv = std::function<std::optional<std::string>(const std::string& name)>;
@@ -167,6 +180,12 @@ using ReadFile = std::function<std::optional<std::string>(const std::string& pat
 // and $HOME/.aws/config. A missing file is empty; a malformed one is an error
 // naming the file. An explicitly named profile that is in neither file is an
 // error; the implicit "default" may be absent.
+//   sse, sse_kms_key_id, storage_class  override only (as the AWS CLI's
+//              --sse, --sse-kms-key-id, --storage-class); sse one of AES256,
+//              aws:kms, aws:kms:dsse; a KMS key only with aws:kms*; a storage
+//              class of [A-Z_], not GLACIER or DEEP_ARCHIVE (objects there
+//              cannot be read without a restore request: a checkpoint would be
+//              unrestorable)
 // Validation (kInvalidArgument): endpoint is http(s)://host[:port] with no
 // user info, path, query or fragment (a trailing '/' and a default port,
 // :80 for http and :443 for https, are dropped, as curl drops them from Host); a partial

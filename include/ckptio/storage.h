@@ -246,8 +246,9 @@ struct StorageOptions {
   // S3 (s3://bucket/prefix). Empty or zero fields come from the AWS
   // conventions: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, AWS_REGION /
   // AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
-  // AWS_SESSION_TOKEN, AWS_PROFILE with ~/.aws/credentials and ~/.aws/config
-  // (see docs/s3.md for the precedence).
+  // AWS_SESSION_TOKEN, AWS_PROFILE with ~/.aws/credentials and ~/.aws/config,
+  // then the job's role: EKS web identity, ECS / EKS Pod Identity, EC2
+  // instance metadata, renewed ahead of expiry (see docs/s3.md for the precedence).
   struct S3 {
     std::string endpoint;     // "http://127.0.0.1:9000"; default AWS
     std::string region;
@@ -265,6 +266,10 @@ struct StorageOptions {
     // parts; "": botocore's rule (on over http, off over https, where TLS
     // protects the bytes). Restore checks every shard's crc32c either way.
     std::string payload_signing;
+    // Written with every object created: server-side encryption ("AES256",
+    // "aws:kms", "aws:kms:dsse"), its KMS key, and the storage class ("" for
+    // the bucket's defaults). See docs/s3.md.
+    std::string sse, sse_kms_key_id, storage_class;
   } s3;
 };
 

@@ -106,6 +106,17 @@ int main(int argc, char** argv) {
                  "SECONDS a transfer may stall before it fails (default 60)")
       ->check(positive())
       ->group(s3);
+  app.add_option("--s3-sse", g.s3_sse,
+                 "Server-side encryption of every object written: AES256, aws:kms or aws:kms:dsse "
+                 "(default: the bucket's)")
+      ->check(CLI::IsMember({"AES256", "aws:kms", "aws:kms:dsse"}))
+      ->group(s3);
+  app.add_option("--s3-sse-kms-key-id", g.s3_sse_kms_key_id,
+                 "KMS key (id, ARN or alias) for --s3-sse aws:kms (default: the account's)")
+      ->group(s3);
+  app.add_option("--s3-storage-class", g.s3_storage_class,
+                 "Storage class of every object written, e.g. INTELLIGENT_TIERING (default: the bucket's)")
+      ->group(s3);
 
   Command run;
   add_ls(app, g, &run);

@@ -2,8 +2,10 @@
 // instance metadata service, a container credentials endpoint or STS sends
 // back, or anything pretending to be one of them.
 //
-// Input: one selector byte, then the body. '0' (or any even byte)
-// parse_credentials_json, '1' (or any odd byte) parse_sts_credentials.
+// Input: one selector byte, then the body. An ASCII digit selects its value
+// modulo 4, any other byte its value modulo 4: 0 parse_credentials_json (IMDS,
+// container), 1 parse_sts_credentials, 2 parse_process_credentials
+// (credential_process output), 3 split_command (a credential_process line).
 //
 // Properties checked on every input (any violation aborts):
 //   - no parser crashes, hangs, leaks or trips a sanitizer;
@@ -15,7 +17,9 @@
 //     it ends up in logs);
 //   - an accepted set has a non-empty access key id and secret, no control
 //     bytes in any field (they go into HTTP headers), and for STS a session
-//     token and an expiration after 1970.
+//     token and an expiration after 1970;
+//   - split_command: the words of an accepted line, each quoted back in
+//     single quotes and joined by spaces, split into the same words.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -101,7 +105,31 @@ void check_field(const std::string& v, const char* name, bool required) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
-  if (data[0] % 2 == 0) {
+  const int which = (data[0] >= '0' && data[0] <= '9' ? data[0] - '0' : data[0]) % 4;
+  if (which == 3) {
+    const auto r = s3::split_command(body);
+    if (!r.ok()) return check_rejection(r.status()), 0;
+    if (r->empty()) fail("accepted a command of no words", "");
+    std::string line;
+    for (const auto& w : *r) {
+      if (!line.empty()) line += ' ';
+      line += '\'';
+      for (char c : w) line += c == '\'' ? std::string("'\\''") : std::string(1, c);
+      line += '\'';
+    }
+    const auto again = s3::split_command(line);
+    if (!again.ok() || *again != *r) fail("quoted words do not split back", line);
+    return 0;
+  }
+  if (which == 2) {
+    const auto r = s3::parse_process_credentials(body, "fuzz");
+    if (!r.ok()) return check_rejection(r.status()), 0;
+    check_field(r->creds.access_key_id, "AccessKeyId", true);
+    check_field(r->creds.secret_access_key, "SecretAccessKey", true);
+    check_field(r->creds.session_token, "SessionToken", false);
+    return 0;
+  }
+  if (which == 0) {
     const auto r = s3::parse_credentials_json(body, "fuzz");
     check_json_secret_independence(body, "SecretAccessKey");
     check_json_secret_independence(body, "Token");

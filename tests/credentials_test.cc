@@ -1,7 +1,8 @@
 // Temporary credentials (backends/s3/credentials.h): the parsers, renewal
-// ahead of expiry, and the three sources end to end against moto with request
-// authentication on, through tests/s3/credentials-server, which hands out
-// keys that are deleted on moto the moment they expire.
+// ahead of expiry, and the sources end to end against moto with request
+// authentication on: IMDS, container and web identity through
+// tests/s3/credentials-server, which hands out keys that are deleted on moto
+// the moment they expire, and a credential_process shell script.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -117,6 +118,33 @@ TEST(StsXml, ErrorsKeepStsCodeAndMessage) {
         "<Expiration>soon</Expiration></Credentials></AssumeRoleWithWebIdentityResult>"
         "</AssumeRoleWithWebIdentityResponse>"})
     EXPECT_FALSE(parse_sts_credentials(bad).ok()) << bad;
+}
+
+TEST(ProcessCredentials, VersionOneDocuments) {
+  const auto r = parse_process_credentials(
+      R"({"Version":1,"AccessKeyId":"ASIA1","SecretAccessKey":"s","SessionToken":"t","Expiration":"2026-11-25T16:00:00Z"})",
+      "proc");
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->creds.session_token, "t");
+  EXPECT_TRUE(r->expiration.has_value());
+  for (const char* bad : {R"({"AccessKeyId":"a","SecretAccessKey":"s"})",
+                          R"({"Version":2,"AccessKeyId":"a","SecretAccessKey":"s"})",
+                          R"({"Version":"1","AccessKeyId":"a","SecretAccessKey":"s"})"})
+    EXPECT_FALSE(parse_process_credentials(bad, "proc").ok()) << bad;
+}
+
+TEST(ProcessCredentials, CommandsSplitAsBotocoreSplitsThem) {
+  using V = std::vector<std::string>;
+  struct Case { const char* in; V out; };
+  for (const Case& c : {Case{"aws-vault export  --format=json prod", V{"aws-vault", "export", "--format=json", "prod"}},
+                        Case{R"("/opt/my tool" 'x y' a\ b "q\"r" "\$HOME" '')",
+                             V{"/opt/my tool", "x y", "a b", "q\"r", "\\$HOME", ""}},
+                        Case{"a'b c'd", V{"ab cd"}}}) {
+    const auto r = split_command(c.in);
+    ASSERT_TRUE(r.ok()) << c.in << ": " << r.status().to_string();
+    EXPECT_EQ(*r, c.out) << c.in;
+  }
+  for (const char* bad : {"", "   ", "'open", "\"open", "a \"b\\\""}) EXPECT_FALSE(split_command(bad).ok()) << bad;
 }
 
 // ---- renewal --------------------------------------------------------------------
@@ -453,6 +481,76 @@ TEST(S3MotoSigV4Credentials, WebIdentitySessionsSignRequestsWithTheirToken) {
   EXPECT_NE(bad.status().message().find("InvalidIdentityToken"), std::string::npos) << bad.status().to_string();
   EXPECT_EQ(bad.status().message().find("some-other-token"), std::string::npos);
   fs::remove(token_file);
+}
+
+
+// A shell script as a credential_process helper: prints `keys` with an
+// Expiration `lifetime_s` ahead, and logs each run's arguments to `log`.
+std::string write_helper(const fs::path& dir, const testutil::S3TestServer& srv, int lifetime_s, int exit_code) {
+  const fs::path script = dir / "cred helper.sh";  // a space: the command must be quoted
+  std::ofstream out(script);
+  out << "#!/bin/sh\n"
+      << "echo \"$#:$2\" >> '" << (dir / "runs").string() << "'\n";
+  if (exit_code != 0) {
+    out << "echo 'the SSO session has expired; run aws sso login' >&2\nexit " << exit_code << "\n";
+  } else {
+    out << "exp=$(date -u -d \"@$(( $(date +%s) + " << lifetime_s << " ))\" +%Y-%m-%dT%H:%M:%SZ)\n"
+        << "printf '{\"Version\": 1, \"AccessKeyId\": \"%s\", \"SecretAccessKey\": \"%s\", "
+           "\"Expiration\": \"%s\"}\\n' '"
+        << srv.access_key << "' '" << srv.secret_key << "' \"$exp\"\n";
+  }
+  out.close();
+  fs::permissions(script, fs::perms::owner_all);
+  return script.string();
+}
+
+ReadFile real_files() {
+  return [](const std::string& path) -> std::optional<std::string> {
+    std::ifstream in(path);
+    if (!in) return std::nullopt;
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+}
+
+TEST(S3MotoSigV4Credentials, CredentialProcessRunsWithoutAShellAndIsRenewed) {
+  CKPTIO_REQUIRE_S3_SERVER(srv);
+  ASSERT_TRUE(srv.checks_sigv4);
+  const fs::path dir = fs::temp_directory_path() / ("ckptio-proc-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string script = write_helper(dir, srv, 3, 0);
+  {
+    std::ofstream(dir / "config") << "[profile proc]\ncredential_process = \"" << script
+                                  << "\" --profile 'two words'\n";
+  }
+  Env env = server_env(srv, {{"AWS_CONFIG_FILE", (dir / "config").string()},
+                             {"AWS_SHARED_CREDENTIALS_FILE", (dir / "none").string()},
+                             {"AWS_PROFILE", "proc"}});
+  const auto c = resolve_s3_config({}, getenv_of(env), real_files(), /*use_network=*/true);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->credentials_source, "profile proc credential_process");
+  auto store = open_store(srv, *c);
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  expect_put_get(**store, "obj", 4);  // moto checks the helper's key
+  std::this_thread::sleep_for(3500ms);  // 3 s sets: renewed by now
+  EXPECT_GE(c->credential_provider->fetches(), 2u);
+  std::ifstream runs(dir / "runs");
+  std::string line;
+  int n = 0;
+  while (std::getline(runs, line)) {
+    EXPECT_EQ(line, "2:two words");  // the arguments, unsplit and unexpanded
+    ++n;
+  }
+  EXPECT_GE(n, 2);
+
+  // A helper that fails: its exit status and stderr, as a permission error.
+  write_helper(dir, srv, 3, 3);
+  const auto bad = resolve_s3_config({}, getenv_of(env), real_files(), /*use_network=*/true);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), Code::kPermissionDenied) << bad.status().to_string();
+  EXPECT_NE(bad.status().message().find("exit status 3"), std::string::npos) << bad.status().to_string();
+  EXPECT_NE(bad.status().message().find("run aws sso login"), std::string::npos) << bad.status().to_string();
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }
 
 }  // namespace

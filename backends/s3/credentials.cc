@@ -1,5 +1,12 @@
 #include "backends/s3/credentials.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <ctime>
 #include <fstream>
@@ -8,6 +15,8 @@
 
 #include "backends/s3/http_client.h"
 #include "backends/s3/s3_xml.h"
+
+extern char** environ;
 
 namespace ckptio::s3 {
 namespace {
@@ -94,8 +103,12 @@ std::string form(const KeyValues& kv) {
 
 }  // namespace
 
-Result<TimedCredentials> parse_credentials_json(std::string_view body, std::string_view what) {
-  const std::string op(what);
+namespace {
+
+// The JSON documents of IMDS, the container endpoint and credential_process
+// differ only in the session token's name and the process's "Version".
+Result<TimedCredentials> parse_credentials_document(std::string_view body, const std::string& op,
+                                                    const char* token_field, bool versioned) {
   if (body.size() > kMaxCredentialBody) return io_error(op + ": credentials document too large");
   nlohmann::json j = nlohmann::json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return io_error(op + ": not a JSON object");
@@ -113,22 +126,77 @@ Result<TimedCredentials> parse_credentials_json(std::string_view body, std::stri
         return io_error(op + ": \"" + name + "\" contains a control character");
     return v;
   };
-  CKPTIO_ASSIGN_OR_RETURN(std::string code, field("Code", false));
-  if (!code.empty() && code != "Success") {
-    CKPTIO_ASSIGN_OR_RETURN(std::string message, field("Message", false));
-    return Status(Code::kUnavailable, op + ": Code " + bounded(code) +
-                                          (message.empty() ? "" : ": " + bounded(message)));
+  if (versioned) {
+    auto v = j.find("Version");
+    if (v == j.end() || !v->is_number_integer() || v->get<int64_t>() != 1)
+      return io_error(op + ": \"Version\" must be 1");
+  } else {
+    CKPTIO_ASSIGN_OR_RETURN(std::string code, field("Code", false));
+    if (!code.empty() && code != "Success") {
+      CKPTIO_ASSIGN_OR_RETURN(std::string message, field("Message", false));
+      return Status(Code::kUnavailable, op + ": Code " + bounded(code) +
+                                            (message.empty() ? "" : ": " + bounded(message)));
+    }
   }
   TimedCredentials out;
   CKPTIO_ASSIGN_OR_RETURN(out.creds.access_key_id, field("AccessKeyId", true));
   CKPTIO_ASSIGN_OR_RETURN(out.creds.secret_access_key, field("SecretAccessKey", true));
-  CKPTIO_ASSIGN_OR_RETURN(out.creds.session_token, field("Token", false));
+  CKPTIO_ASSIGN_OR_RETURN(out.creds.session_token, field(token_field, false));
   CKPTIO_ASSIGN_OR_RETURN(std::string exp, field("Expiration", false));
   if (!exp.empty()) {
     const std::optional<int64_t> ns = parse_s3_timestamp(exp);
     if (!ns) return io_error(op + ": \"Expiration\" is '" + bounded(exp) + "', expected an ISO 8601 UTC time");
     out.expiration = from_unix_ns(*ns);
   }
+  return out;
+}
+
+}  // namespace
+
+Result<TimedCredentials> parse_credentials_json(std::string_view body, std::string_view what) {
+  return parse_credentials_document(body, std::string(what), "Token", false);
+}
+
+Result<TimedCredentials> parse_process_credentials(std::string_view body, std::string_view what) {
+  return parse_credentials_document(body, std::string(what), "SessionToken", true);
+}
+
+Result<std::vector<std::string>> split_command(std::string_view command) {
+  std::vector<std::string> out;
+  std::string cur;
+  bool in_word = false;
+  for (size_t i = 0; i < command.size(); ++i) {
+    const char c = command[i];
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+      if (in_word) out.push_back(std::move(cur));
+      cur.clear();
+      in_word = false;
+    } else if (c == '\'') {
+      const size_t end = command.find('\'', i + 1);
+      if (end == std::string_view::npos) return invalid_argument("credential_process: unterminated single quote");
+      cur.append(command.substr(i + 1, end - i - 1));
+      i = end;
+      in_word = true;
+    } else if (c == '"') {
+      size_t j = i + 1;
+      for (; j < command.size() && command[j] != '"'; ++j) {
+        if (command[j] == '\\' && j + 1 < command.size() && (command[j + 1] == '"' || command[j + 1] == '\\'))
+          ++j;
+        cur.push_back(command[j]);
+      }
+      if (j >= command.size()) return invalid_argument("credential_process: unterminated double quote");
+      i = j;
+      in_word = true;
+    } else if (c == '\\') {
+      if (i + 1 < command.size()) cur.push_back(command[++i]);
+      in_word = true;
+    } else {
+      cur.push_back(c);
+      in_word = true;
+    }
+  }
+  if (in_word) out.push_back(std::move(cur));
+  if (out.empty()) return invalid_argument("credential_process is empty");
   return out;
 }
 
@@ -323,6 +391,83 @@ FetchCredentials web_identity_fetcher(std::string sts_endpoint, std::string role
                             std::move(sts->session_token)};
     out.expiration = from_unix_ns(sts->expiration_unix_ns);
     return out;
+  };
+}
+
+FetchCredentials process_fetcher(std::vector<std::string> argv, double timeout_s) {
+  return [argv, timeout_s]() -> Result<TimedCredentials> {
+    const std::string what = "credential_process " + bounded(argv.front());
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0) return Status::from_errno(errno, what + ": pipe");
+    if (::pipe2(err, O_CLOEXEC) != 0) {
+      const int e = errno;
+      ::close(out[0]);
+      ::close(out[1]);
+      return Status::from_errno(e, what + ": pipe");
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    pid_t pid = -1;
+    const int rc = ::posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(out[1]);
+    ::close(err[1]);
+    if (rc != 0) {
+      ::close(out[0]);
+      ::close(err[0]);
+      return Status::from_errno(rc, what + ": cannot run it");
+    }
+    // Both pipes drained together (a chatty stderr must not block stdout),
+    // each bounded; the helper is killed past the deadline.
+    std::string text[2];
+    struct pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    bool timed_out = false;
+    int open = 2;
+    while (open > 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        timed_out = true;
+        break;
+      }
+      const int n = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+      if (n < 0 && errno != EINTR) break;
+      for (int k = 0; k < 2; ++k) {
+        if (fds[k].fd < 0 || !(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        char buf[4096];
+        const ssize_t got = ::read(fds[k].fd, buf, sizeof buf);
+        if (got > 0) {
+          if (text[k].size() < kMaxCredentialBody + 1) text[k].append(buf, static_cast<size_t>(got));
+        } else if (got == 0 || errno != EINTR) {
+          ::close(fds[k].fd);
+          fds[k].fd = -1;
+          --open;
+        }
+      }
+    }
+    for (auto& f : fds)
+      if (f.fd >= 0) ::close(f.fd);
+    if (timed_out) ::kill(pid, SIGKILL);
+    int wstatus = 0;
+    while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+    }
+    if (timed_out)
+      return Status(Code::kUnavailable, what + ": no answer within " + std::to_string(static_cast<int>(timeout_s)) + " s");
+    std::string err_text = text[1].substr(0, 300);
+    while (!err_text.empty() && (err_text.back() == '\n' || err_text.back() == '\r')) err_text.pop_back();
+    if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
+      const std::string how = WIFEXITED(wstatus) ? "exit status " + std::to_string(WEXITSTATUS(wstatus))
+                                                 : "signal " + std::to_string(WTERMSIG(wstatus));
+      return Status(Code::kPermissionDenied,
+                    what + " failed (" + how + ")" + (err_text.empty() ? "" : ": " + bounded(err_text)));
+    }
+    return parse_process_credentials(text[0], what);
   };
 }
 

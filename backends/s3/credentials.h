@@ -7,6 +7,8 @@
 //                  or _FULL_URI, with AWS_CONTAINER_AUTHORIZATION_TOKEN[_FILE]
 //   instance       EC2 instance profiles through IMDSv2 (token, role, credentials),
 //                  falling back to IMDSv1 only where the token call is not served
+//   process        a profile's credential_process (SSO helpers, vaults): a
+//                  command that prints the set as JSON
 // s3_config.cc picks the source (see resolve_s3_config); this file fetches,
 // parses and renews.
 //
@@ -32,6 +34,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "backends/s3/sigv4.h"
 #include "ckptio/status.h"
@@ -51,6 +54,15 @@ struct TimedCredentials {
 // absent (a container endpoint may hand out long-lived keys); an Expiration
 // is an ISO 8601 UTC time. `what` names the source in errors.
 Result<TimedCredentials> parse_credentials_json(std::string_view body, std::string_view what);
+
+// What a credential_process prints: {"Version": 1, "AccessKeyId",
+// "SecretAccessKey", "SessionToken"?, "Expiration"?}.
+Result<TimedCredentials> parse_process_credentials(std::string_view body, std::string_view what);
+
+// A credential_process command line split into words as botocore splits it
+// (shlex, POSIX mode: whitespace separates, '...' is literal, "..." knows the
+// escapes \" and \\, \x outside quotes is x); no shell runs, nothing is expanded.
+Result<std::vector<std::string>> split_command(std::string_view command);
 
 using FetchCredentials = std::function<Result<TimedCredentials>()>;
 
@@ -111,6 +123,11 @@ FetchCredentials instance_metadata_fetcher(std::string endpoint, double timeout_
 // `token_file` at each fetch when it is set, else `token` (may be empty).
 FetchCredentials container_fetcher(std::string url, std::string token, std::string token_file,
                                    double timeout_s);
+
+// Runs argv (PATH searched, stdin /dev/null, the environment inherited) and
+// reads its stdout; a non-zero exit is an error quoting the first 300 bytes of
+// its stderr; killed past `timeout_s`.
+FetchCredentials process_fetcher(std::vector<std::string> argv, double timeout_s);
 
 // STS AssumeRoleWithWebIdentity at `sts_endpoint` (scheme://host[:port]),
 // with the token read from `token_file` at each fetch.

@@ -510,6 +510,10 @@ Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& get
     c.creds = Credentials{*id, *secret, from_profile("aws_session_token").value_or("")};
     c.credentials_source = profile_source;
     have_creds = true;
+  } else if (network && from_profile("credential_process")) {
+    CKPTIO_ASSIGN_OR_RETURN(std::vector<std::string> argv, split_command(*from_profile("credential_process")));
+    CKPTIO_RETURN_IF_ERROR(
+        use_provider(profile_source + " credential_process", process_fetcher(std::move(argv), 300)));
   } else if (network && (env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") ||
                          env("AWS_CONTAINER_CREDENTIALS_FULL_URI"))) {
     std::string url;

@@ -152,6 +152,8 @@ using ReadFile = std::function<std::optional<std::string>(const std::string& pat
 //              profile aws_access_key_id + aws_secret_access_key (+ aws_session_token),
 //              the credentials file winning over the config file;
 //              then, only with use_network:
+//                the profile's credential_process (a command, split as botocore
+//                splits it, run without a shell; 300 s to answer);
 //                container: AWS_CONTAINER_CREDENTIALS_RELATIVE_URI (on 169.254.170.2)
 //                or AWS_CONTAINER_CREDENTIALS_FULL_URI (https, or http to loopback or
 //                the ECS/EKS link-local hosts), Authorization from
@@ -192,8 +194,8 @@ using ReadFile = std::function<std::optional<std::string>(const std::string& pat
 // credential pair; part_size outside [5 MiB, 5 GiB]; max_connections 0;
 // max_attempts < 1; negative or non-finite backoff seconds (0 is allowed, for
 // tests); zero, negative or non-finite timeouts; a region outside [A-Za-z0-9._-].
-// Without use_network it never touches the network (the fuzz target and the
-// unit tests call it so).
+// Without use_network it never touches the network nor runs a
+// credential_process (the fuzz target and the unit tests call it so).
 Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& getenv,
                                    const ReadFile& read_file, bool use_network = false);
 

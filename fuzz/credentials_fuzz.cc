@@ -57,11 +57,16 @@ std::string outcome(const R& r) {
 // A secret never shows in (or shapes) an error: the same document with the
 // secret replaced by as many 'S' gives the same outcome. Only for a secret
 // that is non-empty and plain text (one that is empty or has a control byte
-// is rejected for that, by name), so the replacement keeps its validity.
+// is rejected for that, by name), so the replacement keeps its validity; and
+// free of XML's markup and quote characters, so that where the element's
+// text is really inside an attribute (a malformed document) the replacement
+// cannot move the parse error.
 bool replaceable(std::string_view v) {
   if (v.empty()) return false;
   for (char c : v)
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '<' || c == '&' || c == '>') return false;
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '<' || c == '&' || c == '>' || c == '"' ||
+        c == '\'')
+      return false;
   return true;
 }
 

@@ -259,6 +259,44 @@ TEST(CredentialChain, ConfigurationErrorsNameTheSetting) {
   }
 }
 
+TEST(CredentialChain, AssumeRoleConfigurationErrorsNameTheProfile) {
+  struct Case { const char* config; const char* expect; };
+  for (const Case& k : {
+           Case{"[profile p]\nrole_arn = arn:aws:iam::1:role/r\n", "needs exactly one of source_profile and credential_source"},
+           Case{"[profile p]\nrole_arn = arn:aws:iam::1:role/r\nsource_profile = b\ncredential_source = Environment\n",
+                "needs exactly one of"},
+           Case{"[profile p]\nrole_arn = arn:aws:iam::1:role/r\nsource_profile = nope\n", "source_profile 'nope' not found"},
+           Case{"[profile p]\nrole_arn = arn:aws:iam::1:role/r\nsource_profile = b\n[profile b]\nrole_arn = x\nsource_profile = c\n",
+                "chained roles are not supported"},
+           Case{"[profile p]\nrole_arn = arn:aws:iam::1:role/r\nsource_profile = b\n[profile b]\nregion = eu-west-1\n",
+                "has no aws_access_key_id and aws_secret_access_key"},
+           Case{"[profile p]\nrole_arn = arn:aws:iam::1:role/r\ncredential_source = Ec2InstanceMetadata\n",
+                "credential_source 'Ec2InstanceMetadata' is not supported"},
+           Case{"[profile p]\nrole_arn = arn:aws:iam::1:role/r\ncredential_source = Environment\n",
+                "credential_source Environment needs AWS_ACCESS_KEY_ID"},
+           Case{"[profile p]\nrole_arn = arn:aws:iam::1:role/r\nsource_profile = p\nmfa_serial = arn:aws:iam::1:mfa/u\n"
+                "aws_access_key_id = a\naws_secret_access_key = s\n",
+                "mfa_serial is not supported"},
+           Case{"[profile p]\nrole_arn = arn:aws:iam::1:role/r\nsource_profile = p\nduration_seconds = 60\n"
+                "aws_access_key_id = a\naws_secret_access_key = s\n",
+                "duration_seconds must be 900 to 43200"},
+       }) {
+    const std::string config = k.config;
+    const ReadFile files = [config](const std::string& path) -> std::optional<std::string> {
+      if (path == "/cfg") return config;
+      return std::nullopt;
+    };
+    const Env env{{"AWS_CONFIG_FILE", "/cfg"}, {"AWS_SHARED_CREDENTIALS_FILE", "/creds"}};
+    S3ConfigOverrides o;
+    o.profile = "p";
+    const auto c = resolve_s3_config(o, getenv_of(env), files, /*use_network=*/true);
+    ASSERT_FALSE(c.ok()) << k.expect;
+    EXPECT_EQ(c.status().code(), Code::kInvalidArgument) << c.status().to_string();
+    EXPECT_NE(c.status().message().find("profile p"), std::string::npos) << c.status().to_string();
+    EXPECT_NE(c.status().message().find(k.expect), std::string::npos) << c.status().to_string();
+  }
+}
+
 TEST(CredentialChain, AnAbsentMetadataServiceMeansAnonymous) {
   // Port 9 (discard) on loopback: connection refused at once.
   const Env env{{"AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:9"}};
@@ -549,6 +587,46 @@ TEST(S3MotoSigV4Credentials, CredentialProcessRunsWithoutAShellAndIsRenewed) {
   EXPECT_EQ(bad.status().code(), Code::kPermissionDenied) << bad.status().to_string();
   EXPECT_NE(bad.status().message().find("exit status 3"), std::string::npos) << bad.status().to_string();
   EXPECT_NE(bad.status().message().find("run aws sso login"), std::string::npos) << bad.status().to_string();
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+
+TEST(S3MotoSigV4Credentials, AssumeRoleFromASourceProfileSignsWithTheSession) {
+  CKPTIO_REQUIRE_S3_SERVER(srv);
+  ASSERT_TRUE(srv.checks_sigv4);
+  CredentialServer roles(srv, 3600);  // makes the role ckptio-test-role on moto, with a policy
+  ASSERT_FALSE(roles.url().empty()) << roles.log();
+  const fs::path dir = fs::temp_directory_path() / ("ckptio-role-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  auto write_config = [&](const std::string& secret) {
+    std::ofstream(dir / "config") << "[profile trainer]\n"
+                                  << "role_arn = arn:aws:iam::123456789012:role/ckptio-test-role\n"
+                                  << "source_profile = base\nrole_session_name = job-42\n"
+                                  << "duration_seconds = 900\nexternal_id = ext-1\n"
+                                  << "[profile base]\naws_access_key_id = " << srv.access_key << "\n"
+                                  << "aws_secret_access_key = " << secret << "\n";
+  };
+  write_config(srv.secret_key);
+  // AWS_ENDPOINT_URL serves STS too: moto answers both.
+  Env env = server_env(srv, {{"AWS_CONFIG_FILE", (dir / "config").string()},
+                             {"AWS_SHARED_CREDENTIALS_FILE", (dir / "none").string()},
+                             {"AWS_PROFILE", "trainer"}});
+  const auto c = resolve_s3_config({}, getenv_of(env), real_files(), /*use_network=*/true);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->credentials_source, "profile trainer role arn:aws:iam::123456789012:role/ckptio-test-role");
+  EXPECT_FALSE(c->creds.session_token.empty());
+  EXPECT_NE(c->creds.access_key_id, srv.access_key);
+  auto store = open_store(srv, *c);
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+  expect_put_get(**store, "obj", 5);  // signed with the role's session, which moto checks
+
+  // A wrong source secret: STS (moto) refuses the signature.
+  write_config("not-the-secret");
+  const auto bad = resolve_s3_config({}, getenv_of(env), real_files(), /*use_network=*/true);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), Code::kPermissionDenied) << bad.status().to_string();
+  EXPECT_NE(bad.status().message().find("STS AssumeRole"), std::string::npos) << bad.status().to_string();
   std::error_code ec;
   fs::remove_all(dir, ec);
 }

@@ -101,6 +101,26 @@ std::string form(const KeyValues& kv) {
   return out;
 }
 
+// An STS answer (either AssumeRole flavour) as credentials, or an error with
+// STS's code and message.
+Result<TimedCredentials> sts_result(const HttpResponse& r, const std::string& what) {
+  if (r.curl_code != 0) return http_failure(r, what);
+  Result<StsCredentials> sts = parse_sts_credentials(r.body);
+  if (r.status != 200) {
+    HttpResponse head;
+    head.status = r.status;
+    const Status h = http_failure(head, what);
+    const Code c = !sts.ok() && sts.status().code() != Code::kIOError ? sts.status().code() : h.code();
+    return Status(c, h.message() + (sts.ok() ? "" : ": " + sts.status().message()));
+  }
+  if (!sts.ok()) return sts.status().annotate(what);
+  TimedCredentials out;
+  out.creds = Credentials{std::move(sts->access_key_id), std::move(sts->secret_access_key),
+                          std::move(sts->session_token)};
+  out.expiration = from_unix_ns(sts->expiration_unix_ns);
+  return out;
+}
+
 }  // namespace
 
 namespace {
@@ -374,23 +394,37 @@ FetchCredentials web_identity_fetcher(std::string sts_endpoint, std::string role
     req.headers = {{"Content-Type", "application/x-www-form-urlencoded; charset=utf-8"}};
     req.body = std::as_bytes(std::span(body.data(), body.size()));
     HttpResponse r = http_perform(req, timeout_s);
-    const std::string what = "STS AssumeRoleWithWebIdentity at " + sts_endpoint + " for " + bounded(role_arn);
-    if (r.curl_code != 0) return http_failure(r, what);
-    // STS answers errors as XML: the parser names STS's code and message.
-    Result<StsCredentials> sts = parse_sts_credentials(r.body);
-    if (r.status != 200) {
-      HttpResponse head;
-      head.status = r.status;
-      const Status h = http_failure(head, what);
-      const Code c = !sts.ok() && sts.status().code() != Code::kIOError ? sts.status().code() : h.code();
-      return Status(c, h.message() + (sts.ok() ? "" : ": " + sts.status().message()));
-    }
-    if (!sts.ok()) return sts.status().annotate(what);
-    TimedCredentials out;
-    out.creds = Credentials{std::move(sts->access_key_id), std::move(sts->secret_access_key),
-                            std::move(sts->session_token)};
-    out.expiration = from_unix_ns(sts->expiration_unix_ns);
-    return out;
+    return sts_result(r, "STS AssumeRoleWithWebIdentity at " + sts_endpoint + " for " + bounded(role_arn));
+  };
+}
+
+FetchCredentials assume_role_fetcher(std::string sts_endpoint, std::string region, std::string role_arn,
+                                     std::string session_name, std::string external_id, int duration_s,
+                                     std::function<Credentials()> source, double timeout_s) {
+  while (!sts_endpoint.empty() && sts_endpoint.back() == '/') sts_endpoint.pop_back();
+  return [=]() -> Result<TimedCredentials> {
+    KeyValues params = {{"Action", "AssumeRole"},
+                        {"Version", "2011-06-15"},
+                        {"RoleArn", role_arn},
+                        {"RoleSessionName", session_name}};
+    if (!external_id.empty()) params.emplace_back("ExternalId", external_id);
+    if (duration_s > 0) params.emplace_back("DurationSeconds", std::to_string(duration_s));
+    const std::string body = form(params);
+    const size_t sep = sts_endpoint.find("://");
+    SignableRequest sr;
+    sr.method = "POST";
+    sr.host = sep == std::string::npos ? sts_endpoint : sts_endpoint.substr(sep + 3);
+    sr.path = "/";
+    sr.headers = {{"content-type", "application/x-www-form-urlencoded; charset=utf-8"}};
+    sr.payload_hash = sha256_hex(std::string_view(body));
+    HttpRequest req;
+    req.method = "POST";
+    req.url = sts_endpoint + "/";
+    req.headers = sr.headers;
+    for (auto& h : sign(sr, source(), region, "sts", amz_date_now())) req.headers.push_back(std::move(h));
+    req.body = std::as_bytes(std::span(body.data(), body.size()));
+    HttpResponse r = http_perform(req, timeout_s);
+    return sts_result(r, "STS AssumeRole at " + sts_endpoint + " for " + bounded(role_arn));
   };
 }
 

@@ -7,6 +7,8 @@
 //                  or _FULL_URI, with AWS_CONTAINER_AUTHORIZATION_TOKEN[_FILE]
 //   instance       EC2 instance profiles through IMDSv2 (token, role, credentials),
 //                  falling back to IMDSv1 only where the token call is not served
+//   assume role    a profile's role_arn with source_profile (static keys) or
+//                  credential_source = Environment: STS AssumeRole, signed
 //   process        a profile's credential_process (SSO helpers, vaults): a
 //                  command that prints the set as JSON
 // s3_config.cc picks the source (see resolve_s3_config); this file fetches,
@@ -134,5 +136,13 @@ FetchCredentials process_fetcher(std::vector<std::string> argv, double timeout_s
 FetchCredentials web_identity_fetcher(std::string sts_endpoint, std::string role_arn,
                                       std::string session_name, std::string token_file,
                                       double timeout_s);
+
+// STS AssumeRole at `sts_endpoint`, signed (SigV4, service "sts", `region`)
+// with the set `source` returns at each fetch: a profile's role_arn with its
+// source_profile or credential_source. `external_id` "" and `duration_s` 0
+// are left out of the request (STS's defaults).
+FetchCredentials assume_role_fetcher(std::string sts_endpoint, std::string region, std::string role_arn,
+                                     std::string session_name, std::string external_id, int duration_s,
+                                     std::function<Credentials()> source, double timeout_s);
 
 }  // namespace ckptio::s3

@@ -469,6 +469,20 @@ Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& get
     wi_session = from_profile("role_session_name");
     wi_source = profile_source + " web_identity_token_file and role_arn";
   }
+  // STS: AWS_ENDPOINT_URL_STS, AWS_ENDPOINT_URL, else the region's.
+  auto sts_endpoint = [&]() -> Result<std::string> {
+    if (auto v = ignore_configured_endpoints ? std::nullopt : env("AWS_ENDPOINT_URL_STS"))
+      return normalize_endpoint(*v, "AWS_ENDPOINT_URL_STS");
+    if (auto v = ignore_configured_endpoints ? std::nullopt : env("AWS_ENDPOINT_URL"))
+      return normalize_endpoint(*v, "AWS_ENDPOINT_URL");
+    return "https://sts." + c.region + ".amazonaws.com";
+  };
+  auto default_session = [] {
+    return "ckptio-" + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          std::chrono::system_clock::now().time_since_epoch())
+                                          .count());
+  };
+  const bool assume_role = from_profile("role_arn") && !from_profile("web_identity_token_file");
   if (o.creds) {
     if (o.creds->access_key_id.empty() || o.creds->secret_access_key.empty())
       return invalid_argument("credentials override needs both an access key id and a secret access key");
@@ -485,21 +499,64 @@ Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& get
     c.creds = Credentials{*id, *secret, env("AWS_SESSION_TOKEN").value_or("")};
     c.credentials_source = "environment";
     have_creds = true;
+  } else if (network && assume_role) {
+    // role_arn with source_profile (static keys) or credential_source = Environment.
+    const std::string role = *from_profile("role_arn");
+    const std::optional<std::string> source_profile = from_profile("source_profile");
+    const std::optional<std::string> credential_source = from_profile("credential_source");
+    if (source_profile.has_value() == credential_source.has_value())
+      return invalid_argument(profile_source + ": role_arn needs exactly one of source_profile and credential_source");
+    if (from_profile("mfa_serial"))
+      return invalid_argument(profile_source + ": mfa_serial is not supported (a code would be needed at "
+                                               "every renewal); use credential_process with an MFA helper");
+    Credentials source;
+    if (source_profile) {
+      std::map<std::string, std::string> src;
+      bool found = false;
+      if (auto it = config_ini.find(*source_profile); it != config_ini.end()) {
+        src = it->second;
+        found = true;
+      }
+      if (auto it = creds_ini.find(*source_profile); it != creds_ini.end()) {
+        for (const auto& [k, v] : it->second) src[k] = v;
+        found = true;
+      }
+      const std::string what = profile_source + ": source_profile '" + printable(*source_profile) + "'";
+      if (!found) return invalid_argument(what + " not found");
+      if (src.count("role_arn") && *source_profile != profile)  // itself: its own keys, as botocore
+        return invalid_argument(what + " assumes a role itself; chained roles are not supported");
+      if (src["aws_access_key_id"].empty() || src["aws_secret_access_key"].empty())
+        return invalid_argument(what + " has no aws_access_key_id and aws_secret_access_key");
+      source = Credentials{src["aws_access_key_id"], src["aws_secret_access_key"], src["aws_session_token"]};
+    } else if (*credential_source == "Environment") {
+      const auto id = env("AWS_ACCESS_KEY_ID");
+      const auto secret = env("AWS_SECRET_ACCESS_KEY");
+      if (!id || !secret)
+        return invalid_argument(profile_source + ": credential_source Environment needs AWS_ACCESS_KEY_ID "
+                                                 "and AWS_SECRET_ACCESS_KEY");
+      source = Credentials{*id, *secret, env("AWS_SESSION_TOKEN").value_or("")};
+    } else {
+      return invalid_argument(profile_source + ": credential_source '" + printable(*credential_source) +
+                              "' is not supported (Environment is)");
+    }
+    int duration = 0;
+    if (auto d = from_profile("duration_seconds")) {
+      const std::string_view t = trim(*d);
+      const auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), duration);
+      if (!all_digits(t) || ec != std::errc() || ptr != t.data() + t.size() || duration < 900 || duration > 43200)
+        return invalid_argument(profile_source + ": duration_seconds must be 900 to 43200");
+    }
+    CKPTIO_ASSIGN_OR_RETURN(const std::string sts, sts_endpoint());
+    CKPTIO_RETURN_IF_ERROR(use_provider(
+        profile_source + " role " + printable(role),
+        assume_role_fetcher(sts, c.region, role, from_profile("role_session_name").value_or(default_session()),
+                            from_profile("external_id").value_or(""), duration, [source] { return source; },
+                            10)));
   } else if (network && (wi_token_file || wi_role)) {
     if (!wi_token_file || !wi_role)
       return invalid_argument(wi_source + ": web identity needs both the token file and the role ARN");
-    std::string sts;
-    if (auto v = ignore_configured_endpoints ? std::nullopt : env("AWS_ENDPOINT_URL_STS")) {
-      CKPTIO_ASSIGN_OR_RETURN(sts, normalize_endpoint(*v, "AWS_ENDPOINT_URL_STS"));
-    } else if (auto v = ignore_configured_endpoints ? std::nullopt : env("AWS_ENDPOINT_URL")) {
-      CKPTIO_ASSIGN_OR_RETURN(sts, normalize_endpoint(*v, "AWS_ENDPOINT_URL"));
-    } else {
-      sts = "https://sts." + c.region + ".amazonaws.com";
-    }
-    const std::string session =
-        wi_session.value_or("ckptio-" + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                           std::chrono::system_clock::now().time_since_epoch())
-                                                           .count()));
+    CKPTIO_ASSIGN_OR_RETURN(const std::string sts, sts_endpoint());
+    const std::string session = wi_session.value_or(default_session());
     CKPTIO_RETURN_IF_ERROR(use_provider("web identity " + printable(*wi_role),
                                         web_identity_fetcher(sts, *wi_role, session, *wi_token_file, 10)));
   } else if (from_profile("aws_access_key_id") || from_profile("aws_secret_access_key")) {

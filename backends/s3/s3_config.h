@@ -145,6 +145,9 @@ using ReadFile = std::function<std::optional<std::string>(const std::string& pat
 //   creds      override; AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN),
 //              skipped when overrides.profile names a profile (as `aws --profile`);
 //              then, only with use_network (see credentials.h for each):
+//                assume role: the profile's role_arn with source_profile (its
+//                static keys) or credential_source = Environment (+ role_session_name,
+//                external_id, duration_seconds), STS AssumeRole signed with them;
 //                web identity: AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN
 //                (+ AWS_ROLE_SESSION_NAME), else the profile's web_identity_token_file
 //                + role_arn (+ role_session_name); STS at AWS_ENDPOINT_URL_STS, else

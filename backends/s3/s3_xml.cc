@@ -311,7 +311,7 @@ Status status_from_s3_error(long status, const S3Error& e) {
 }
 
 Result<StsCredentials> parse_sts_credentials(std::string_view body) {
-  constexpr std::string_view op = "STS AssumeRoleWithWebIdentity";
+  constexpr std::string_view op = "STS";
   pugi::xml_document doc;
   CKPTIO_ASSIGN_OR_RETURN(pugi::xml_node root, load(doc, body, op));
   if (local_name(root) == "ErrorResponse" || local_name(root) == "Error") {
@@ -336,10 +336,11 @@ Result<StsCredentials> parse_sts_credentials(std::string_view body) {
   }
   const std::string_view name = local_name(root);
   if (name != "AssumeRoleWithWebIdentityResponse" && name != "AssumeRoleResponse")
-    return malformed(op, "expected <AssumeRoleWithWebIdentityResponse>, got <" + quoted(name) + ">");
+    return malformed(op, "expected <AssumeRoleWithWebIdentityResponse> or <AssumeRoleResponse>, got <" +
+                             quoted(name) + ">");
   auto results = children_named(root, "AssumeRoleWithWebIdentityResult");
   if (results.empty()) results = children_named(root, "AssumeRoleResult");
-  if (results.size() != 1) return malformed(op, "expected one <AssumeRoleWithWebIdentityResult>");
+  if (results.size() != 1) return malformed(op, "expected one <AssumeRole[WithWebIdentity]Result>");
   auto creds = children_named(results.front(), "Credentials");
   if (creds.size() != 1) return malformed(op, "expected one <Credentials>");
   StsCredentials out;

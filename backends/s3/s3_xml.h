@@ -50,7 +50,7 @@ std::optional<S3Error> parse_error(std::string_view body);
 // with the server's text truncated to a sane length.
 Status status_from_s3_error(long status, const S3Error& e);
 
-// STS AssumeRoleWithWebIdentity (and AssumeRole): the temporary credentials
+// STS AssumeRoleWithWebIdentity and AssumeRole: the temporary credentials
 // under <...Result><Credentials>, all four fields required. An STS
 // <ErrorResponse><Error><Code>..</Code><Message>..</Message></Error> becomes an
 // error: kPermissionDenied for the identity and access codes

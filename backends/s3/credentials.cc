@@ -280,8 +280,10 @@ void CredentialProvider::run() {
     } else {
       ++failed_;
       last_error_ = r.status().to_string();
+      // Sooner while the old set still works, every retry_after_s once it has expired.
       const double left = duration<double>(exp - now).count();
-      retry_at = now + seconds(std::max(0.2, std::min(options_.retry_after_s, left / 4)));
+      retry_at = now + seconds(left > 0 ? std::max(0.2, std::min(options_.retry_after_s, left / 4))
+                                        : options_.retry_after_s);
     }
   }
 }

@@ -72,8 +72,8 @@ struct RefreshOptions {
   // Renew this long before expiry, or halfway through the lifetime when that
   // is sooner (credentials that live under twice this long).
   double refresh_before_s = 15 * 60;
-  // Wait after a failed renewal before the next try (capped at a quarter of
-  // the time left, and at least 0.2 s).
+  // Wait after a failed renewal before the next try: while the set is
+  // still valid, at most a quarter of the time it has left (at least 0.2 s).
   double retry_after_s = 10;
 };
 

@@ -11,6 +11,7 @@
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 #include <utility>
 
 #include "backends/s3/http_client.h"
@@ -277,13 +278,18 @@ void CredentialProvider::run() {
       last_error_.clear();
       retry_at.reset();
       fetched_at = now;
+      spdlog::debug("ckptio: S3 credentials from {} renewed; they expire at {}", source_,
+                    current_.expiration ? utc_text(*current_.expiration) : std::string("never"));
     } else {
       ++failed_;
       last_error_ = r.status().to_string();
       // Sooner while the old set still works, every retry_after_s once it has expired.
       const double left = duration<double>(exp - now).count();
-      retry_at = now + seconds(left > 0 ? std::max(0.2, std::min(options_.retry_after_s, left / 4))
-                                        : options_.retry_after_s);
+      const double wait = left > 0 ? std::max(0.2, std::min(options_.retry_after_s, left / 4)) : options_.retry_after_s;
+      retry_at = now + seconds(wait);
+      spdlog::warn("ckptio: renewing S3 credentials from {} failed ({}); the current set expires at {}; "
+                   "next try in {:.1f} s",
+                   source_, last_error_, utc_text(exp), wait);
     }
   }
 }

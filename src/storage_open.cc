@@ -44,7 +44,7 @@ Result<std::shared_ptr<Storage>> open_s3(const std::string& uri, const StorageOp
   if (!o.sse_kms_key_id.empty()) ov.sse_kms_key_id = o.sse_kms_key_id;
   if (!o.storage_class.empty()) ov.storage_class = o.storage_class;
   CKPTIO_ASSIGN_OR_RETURN(s3::S3Config config, s3::resolve_s3_config(ov));
-  spdlog::info("ckptio: {}: {}", uri, config.describe_redacted());
+  spdlog::debug("ckptio: {}: {}", uri, config.describe_redacted());
   CKPTIO_ASSIGN_OR_RETURN(auto storage, s3::make_s3_storage(uri, config));
   return std::shared_ptr<Storage>(std::move(storage));
 }

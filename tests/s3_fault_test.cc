@@ -131,6 +131,49 @@ TEST_F(S3MotoFaulty, AuthErrorsAreNotRetried) {
   EXPECT_EQ(count("op.PutObject"), 1) << "a 403 must not be retried";
 }
 
+// S3 answers a request signed for the wrong region with the bucket's region
+// (x-amz-bucket-region): the client sends it again for that region, at no
+// retry cost, and signs every later request for it.
+TEST_F(S3MotoFaulty, ARequestSignedForTheWrongRegionIsSentAgainForTheBucketsRegion) {
+  ASSERT_EQ(config_.region, "us-east-1");
+  rules(R"([{"status": 400, "code": "AuthorizationHeaderMalformed",
+             "message": "The authorization header is malformed; the region 'us-east-1' is wrong; expecting 'eu-west-1'",
+             "header": "/us-east-1/s3/aws4_request", "bucket_region": "eu-west-1"}])");
+  const std::string body = "in eu-west-1";
+  Status st = store_->put("k", std::as_bytes(std::span(body)));
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  auto got = store_->get("k", 1024);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(*got, body);
+  EXPECT_EQ(count("rule.0.injected"), 1) << "only the first request was signed for us-east-1";
+  EXPECT_EQ(count("op.PutObject"), 2);
+  EXPECT_EQ(count("op.GetObject"), 1);
+
+  // A save from a new client: its first requests, in parallel, are all signed
+  // for us-east-1; each is sent again, and the step commits.
+  auto fresh = testutil::open_s3_test_store(&config_);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().to_string();
+  CheckpointManager m(*fresh, manager_options());
+  auto big = random_bytes(3 * kS3TestPart + 1000, 9);
+  int32_t scalar = 7;
+  auto h = m.save(1, state(big, scalar));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+  auto back = m.restore(1);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(std::memcmp(back->leaves[0].data.data(), big.data(), big.size()), 0);
+  EXPECT_GE(count("rule.0.injected"), 2);
+}
+
+TEST_F(S3MotoFaulty, AWrongRegionWithoutTheBucketsRegionIsAnError) {
+  rules(R"([{"status": 400, "code": "AuthorizationHeaderMalformed", "header": "/us-east-1/s3/aws4_request"}])");
+  const std::string body = "x";
+  Status st = store_->put("k", std::as_bytes(std::span(body)));
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("AuthorizationHeaderMalformed"), std::string::npos) << st.to_string();
+  EXPECT_EQ(count("op.PutObject"), 1);
+}
+
 TEST_F(S3MotoFaulty, ReadsRecoverFromTruncationResetsAndStalls) {
   auto big = random_bytes(3 * kS3TestPart + 4321, 4);
   int32_t n = 9;

@@ -1,6 +1,7 @@
 #include "backends/s3/s3_client.h"
 
 #include <curl/curl.h>
+#include <spdlog/spdlog.h>
 
 #include <future>
 #include <random>
@@ -34,15 +35,36 @@ struct S3Client::Attempt {
   S3Done done;
   std::string payload_hash;
   int attempts = 0;
+  std::string signed_region;  // of the attempt in flight
+  bool redirected = false;    // sent again for the bucket's region once already
 };
 
 S3Client::S3Client(S3Config config, std::string bucket)
-    : config_(std::move(config)), bucket_(std::move(bucket)), http_(http_options(config_)) {
+    : config_(std::move(config)),
+      bucket_(std::move(bucket)),
+      default_aws_endpoint_(config_.endpoint == "https://s3." + config_.region + ".amazonaws.com"),
+      region_(config_.region),
+      http_(http_options(config_)) {
   std::string ep = config_.endpoint;
   size_t sep = ep.find("://");
   scheme_ = sep == std::string::npos ? "https" : ep.substr(0, sep);
   host_ = sep == std::string::npos ? ep : ep.substr(sep + 3);
   while (!host_.empty() && host_.back() == '/') host_.pop_back();
+}
+
+bool S3Client::follow_region(const std::string& region) {
+  // A region name, nothing else: it goes into a host name and a signature.
+  if (region.empty() || region.size() > 64) return false;
+  for (char c : region)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  std::lock_guard lock(region_mu_);
+  if (region == region_) return true;  // another request switched already
+  spdlog::warn("ckptio: s3://{} is in region {}, not {}: switching (set AWS_REGION={} or --s3-region {} "
+               "to save the extra request)",
+               bucket_, region, region_, region, region);
+  region_ = region;
+  if (default_aws_endpoint_) host_ = "s3." + region + ".amazonaws.com";
+  return true;
 }
 
 S3Client::~S3Client() = default;
@@ -94,14 +116,21 @@ std::pair<Status, HttpResponse> S3Client::execute_sync(S3Op op) {
 
 void S3Client::send(std::shared_ptr<Attempt> a, std::chrono::milliseconds delay) {
   const S3Op& op = a->op;
+  std::string host, region;
+  {
+    std::lock_guard lock(region_mu_);
+    host = host_;
+    region = region_;
+  }
+  a->signed_region = region;
   SignableRequest sr;
   sr.method = op.method;
   std::string path;
   if (config_.path_style) {
-    sr.host = host_;
+    sr.host = host;
     path = "/" + bucket_ + (op.key.empty() ? "/" : "/" + encode_key_path(op.key));
   } else {
-    sr.host = bucket_ + "." + host_;
+    sr.host = bucket_ + "." + host;
     path = "/" + encode_key_path(op.key);
   }
   sr.path = path;
@@ -119,8 +148,7 @@ void S3Client::send(std::shared_ptr<Attempt> a, std::chrono::milliseconds delay)
   } else {
     // Renewed credentials: the set current now, for this attempt.
     const Credentials creds = config_.credential_provider ? config_.credential_provider->current() : Credentials{};
-    for (auto& h : sign(sr, config_.credential_provider ? creds : config_.creds, config_.region, "s3",
-                        amz_date_now()))
+    for (auto& h : sign(sr, config_.credential_provider ? creds : config_.creds, region, "s3", amz_date_now()))
       req.headers.push_back(std::move(h));
   }
   req.body = op.body;
@@ -150,6 +178,17 @@ void S3Client::on_response(std::shared_ptr<Attempt> a, HttpResponse resp) {
       if (!st.ok()) st = st.annotate(what);
     }
   } else {
+    // Signed for the wrong region: S3 names the bucket's (301 PermanentRedirect,
+    // 400 AuthorizationHeaderMalformed, 403 on a HEAD). Once per request, and
+    // not counted against its attempts.
+    const std::string* bucket_region = resp.header("x-amz-bucket-region");
+    if (!a->redirected && bucket_region && *bucket_region != a->signed_region &&
+        (resp.status == 301 || resp.status == 400 || resp.status == 403) && follow_region(*bucket_region)) {
+      a->redirected = true;
+      --a->attempts;
+      send(std::move(a), std::chrono::milliseconds(0));
+      return;
+    }
     std::optional<S3Error> err = parse_error(resp.body);
     std::string s3code = err ? err->code : "";
     std::string msg = what + ": HTTP " + std::to_string(resp.status);

@@ -1,7 +1,11 @@
 // One S3 request, signed and retried: the layer between the HTTP loop
 // (http_client.h) and the Storage implementation (s3_storage.h).
 //
-// Every attempt is signed anew (SigV4 dates are part of the signature).
+// Every attempt is signed anew (SigV4 dates are part of the signature), with
+// the credentials current then (credentials.h). A request signed for the
+// wrong region is answered with the bucket's region (x-amz-bucket-region):
+// the client switches to it, for this request (once, at no retry cost) and
+// every later one, as boto3 does, and logs it.
 // Retries follow the one predicate in retry.h, with full-jitter exponential
 // backoff scheduled on the HTTP loop (no thread sleeps). The final error names
 // the operation and key, the HTTP status, the S3 error code and message, and
@@ -15,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -72,9 +77,17 @@ class S3Client {
   void send(std::shared_ptr<Attempt> a, std::chrono::milliseconds delay);
   void on_response(std::shared_ptr<Attempt> a, HttpResponse resp);
 
+  // The bucket's region, as the server named it (x-amz-bucket-region on a
+  // 301, 400 or 403): later attempts sign for it and, on AWS's default
+  // endpoint, go to that region's endpoint. False for a malformed name.
+  bool follow_region(const std::string& region);
+
   const S3Config config_;
   const std::string bucket_;
   std::string scheme_;  // "http" or "https"
+  const bool default_aws_endpoint_;  // config_.endpoint is https://s3.<region>.amazonaws.com
+  mutable std::mutex region_mu_;
+  std::string region_;  // signing region; config_.region until the server says otherwise
   std::string host_;    // host[:port] of the endpoint
   HttpClient http_;
   std::atomic<uint64_t> requests_{0};

@@ -379,6 +379,13 @@ class CredentialServer {
   std::string url_;
 };
 
+// A file of this process under the temporary directory, holding `text`.
+fs::path write_temp(const std::string& name, const std::string& text) {
+  const fs::path p = fs::temp_directory_path() / (name + "-" + std::to_string(getpid()));
+  std::ofstream(p) << text;
+  return p;
+}
+
 // The test server's endpoint and region, plus `extra`: no static keys.
 Env server_env(const testutil::S3TestServer& srv, Env extra) {
   extra["AWS_ENDPOINT_URL"] = srv.endpoint;
@@ -450,10 +457,7 @@ TEST(S3MotoSigV4Credentials, ContainerCredentialsNeedTheAuthorizationToken) {
   ASSERT_TRUE(srv.checks_sigv4);
   CredentialServer fake(srv, 3600);
   ASSERT_FALSE(fake.url().empty()) << fake.log();
-  const fs::path token_file = fs::temp_directory_path() / ("ckptio-ecs-token-" + std::to_string(getpid()));
-  {
-    std::ofstream(token_file) << "ckptio-container-token\n";
-  }
+  const fs::path token_file = write_temp("ckptio-ecs-token", "ckptio-container-token\n");
   Env env = server_env(srv, {{"AWS_CONTAINER_CREDENTIALS_FULL_URI", fake.url() + "/ecs/credentials"},
                              {"AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", token_file.string()}});
   const auto c = resolve_s3_config({}, getenv_of(env), nullptr, /*use_network=*/true);
@@ -480,10 +484,7 @@ TEST(S3MotoSigV4Credentials, WebIdentitySessionsSignRequestsWithTheirToken) {
   ASSERT_TRUE(srv.checks_sigv4);
   CredentialServer fake(srv, 3600);
   ASSERT_FALSE(fake.url().empty()) << fake.log();
-  const fs::path token_file = fs::temp_directory_path() / ("ckptio-wi-token-" + std::to_string(getpid()));
-  {
-    std::ofstream(token_file) << "ckptio-web-identity-token";
-  }
+  const fs::path token_file = write_temp("ckptio-wi-token", "ckptio-web-identity-token");
   Env env = server_env(srv, {{"AWS_WEB_IDENTITY_TOKEN_FILE", token_file.string()},
                              {"AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/ckptio-test-role"},
                              {"AWS_ROLE_SESSION_NAME", "trainer-7"},
@@ -510,9 +511,7 @@ TEST(S3MotoSigV4Credentials, WebIdentitySessionsSignRequestsWithTheirToken) {
   EXPECT_FALSE((*store2)->put("x", data).ok());
 
   // A token STS rejects: STS's code, as a permission error.
-  {
-    std::ofstream(token_file) << "some-other-token";
-  }
+  write_temp("ckptio-wi-token", "some-other-token");
   const auto bad = resolve_s3_config({}, getenv_of(env), nullptr, /*use_network=*/true);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), Code::kPermissionDenied) << bad.status().to_string();

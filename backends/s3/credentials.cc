@@ -337,6 +337,9 @@ FetchCredentials instance_metadata_fetcher(std::string endpoint, double timeout_
     HttpResponse t = http_perform(tok, timeout_s);
     std::vector<std::pair<std::string, std::string>> auth;
     if (t.curl_code == 0 && t.status == 200 && !t.body.empty()) {
+      for (char c : t.body)  // it goes into a header: no line breaks, no control bytes
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+          return io_error("instance metadata: the session token contains a control character");
       auth = {{"X-aws-ec2-metadata-token", t.body}};
     } else if (!(t.curl_code == 0 && (t.status == 403 || t.status == 404 || t.status == 405))) {
       return http_failure(t, "instance metadata token (PUT " + tok.url + ")");

@@ -92,16 +92,6 @@ Result<std::string> read_token_file(const std::string& path, const char* what) {
   return text;
 }
 
-// application/x-www-form-urlencoded, with SigV4's (RFC 3986) encoding.
-std::string form(const KeyValues& kv) {
-  std::string out;
-  for (const auto& [k, v] : kv) {
-    if (!out.empty()) out += '&';
-    out += uri_encode(k, true) + "=" + uri_encode(v, true);
-  }
-  return out;
-}
-
 // An STS answer (either AssumeRole flavour) as credentials, or an error with
 // STS's code and message.
 Result<TimedCredentials> sts_result(const HttpResponse& r, const std::string& what) {
@@ -394,7 +384,8 @@ FetchCredentials web_identity_fetcher(std::string sts_endpoint, std::string role
   while (!sts_endpoint.empty() && sts_endpoint.back() == '/') sts_endpoint.pop_back();
   return [=]() -> Result<TimedCredentials> {
     CKPTIO_ASSIGN_OR_RETURN(std::string token, read_token_file(token_file, "AWS_WEB_IDENTITY_TOKEN_FILE"));
-    const std::string body = form({{"Action", "AssumeRoleWithWebIdentity"},
+    // A form body is a query string: SigV4's canonical form (RFC 3986, sorted) serves.
+    const std::string body = canonical_query({{"Action", "AssumeRoleWithWebIdentity"},
                                    {"Version", "2011-06-15"},
                                    {"RoleArn", role_arn},
                                    {"RoleSessionName", session_name},
@@ -420,7 +411,7 @@ FetchCredentials assume_role_fetcher(std::string sts_endpoint, std::string regio
                         {"RoleSessionName", session_name}};
     if (!external_id.empty()) params.emplace_back("ExternalId", external_id);
     if (duration_s > 0) params.emplace_back("DurationSeconds", std::to_string(duration_s));
-    const std::string body = form(params);
+    const std::string body = canonical_query(params);
     const size_t sep = sts_endpoint.find("://");
     SignableRequest sr;
     sr.method = "POST";

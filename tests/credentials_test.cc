@@ -120,6 +120,33 @@ TEST(StsXml, ErrorsKeepStsCodeAndMessage) {
     EXPECT_FALSE(parse_sts_credentials(bad).ok()) << bad;
 }
 
+// Found by credentials_fuzz: a field with a control byte went through to the
+// signed headers. Raw or as a character reference, each field by name, and
+// the message never quotes the secret.
+TEST(StsXml, ControlBytesInAFieldAreRefusedByName) {
+  auto doc = [](const std::string& id, const std::string& secret, const std::string& token) {
+    return "<AssumeRoleResponse><AssumeRoleResult><Credentials><AccessKeyId>" + id +
+           "</AccessKeyId><SecretAccessKey>" + secret + "</SecretAccessKey><SessionToken>" + token +
+           "</SessionToken><Expiration>2026-11-25T11:00:00Z</Expiration></Credentials></AssumeRoleResult>"
+           "</AssumeRoleResponse>";
+  };
+  ASSERT_TRUE(parse_sts_credentials(doc("a", "s", "t")).ok());
+  const struct {
+    std::string xml, field;
+  } cases[] = {{doc("a\tb", "s", "t"), "AccessKeyId"},
+               {doc("a", "TOP&#10;SECRET", "t"), "SecretAccessKey"},
+               {doc("a", "TOP&#x1;SECRET", "t"), "SecretAccessKey"},
+               {doc("a", "s", "t\r\nX-Injected: 1"), "SessionToken"},
+               {doc("a", "s", "t&#127;"), "SessionToken"}};
+  for (const auto& c : cases) {
+    const auto r = parse_sts_credentials(c.xml);
+    ASSERT_FALSE(r.ok()) << c.xml;
+    EXPECT_NE(r.status().message().find("<" + c.field + "> contains a control character"), std::string::npos)
+        << r.status().to_string();
+    EXPECT_EQ(r.status().message().find("SECRET"), std::string::npos) << r.status().to_string();
+  }
+}
+
 TEST(ProcessCredentials, VersionOneDocuments) {
   const auto r = parse_process_credentials(
       R"({"Version":1,"AccessKeyId":"ASIA1","SecretAccessKey":"s","SessionToken":"t","Expiration":"2026-11-25T16:00:00Z"})",

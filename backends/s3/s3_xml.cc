@@ -347,6 +347,14 @@ Result<StsCredentials> parse_sts_credentials(std::string_view body) {
   CKPTIO_ASSIGN_OR_RETURN(out.access_key_id, required_text(creds.front(), "AccessKeyId", op));
   CKPTIO_ASSIGN_OR_RETURN(out.secret_access_key, required_text(creds.front(), "SecretAccessKey", op));
   CKPTIO_ASSIGN_OR_RETURN(out.session_token, required_text(creds.front(), "SessionToken", op));
+  // They go into HTTP headers (and the signature): a line break or other
+  // control byte (raw, or as a character reference) is refused, by name.
+  for (const auto& [field, v] : {std::pair<const char*, const std::string*>{"AccessKeyId", &out.access_key_id},
+                                 {"SecretAccessKey", &out.secret_access_key},
+                                 {"SessionToken", &out.session_token}})
+    for (char c : *v)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+        return malformed(op, "<" + std::string(field) + "> contains a control character");
   CKPTIO_ASSIGN_OR_RETURN(std::string exp, required_text(creds.front(), "Expiration", op));
   const std::optional<int64_t> ns = parse_s3_timestamp(exp);
   if (!ns) return malformed(op, "<Expiration> is '" + quoted(exp) + "', expected an ISO 8601 UTC time");

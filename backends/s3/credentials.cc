@@ -16,6 +16,7 @@
 
 #include "backends/s3/http_client.h"
 #include "backends/s3/s3_xml.h"
+#include "src/printable.h"
 
 extern char** environ;
 
@@ -39,15 +40,7 @@ std::string utc_text(SystemTime t) {
 }
 
 // Server-supplied text for a message: bounded and printable.
-std::string bounded(std::string_view s) {
-  std::string out;
-  for (char c : s.substr(0, 200)) {
-    const auto u = static_cast<unsigned char>(c);
-    out.push_back(u < 0x20 || u == 0x7f ? '?' : c);
-  }
-  if (s.size() > 200) out += "...";
-  return out;
-}
+std::string bounded(std::string_view s) { return printable(s, 200); }
 
 // One HTTP exchange with a short-lived client: renewals are rare (hourly or
 // less), so a loop thread per fetch costs nothing that matters.
@@ -133,7 +126,7 @@ Result<TimedCredentials> parse_credentials_document(std::string_view body, const
     std::string v = it->get<std::string>();
     if (required && v.empty()) return io_error(op + ": empty \"" + name + "\"");
     for (char c : v)
-      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      if (is_control_byte(static_cast<unsigned char>(c)))
         return io_error(op + ": \"" + name + "\" contains a control character");
     return v;
   };
@@ -328,7 +321,7 @@ FetchCredentials instance_metadata_fetcher(std::string endpoint, double timeout_
     std::vector<std::pair<std::string, std::string>> auth;
     if (t.curl_code == 0 && t.status == 200 && !t.body.empty()) {
       for (char c : t.body)  // it goes into a header: no line breaks, no control bytes
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+        if (is_control_byte(static_cast<unsigned char>(c)))
           return io_error("instance metadata: the session token contains a control character");
       auth = {{"X-aws-ec2-metadata-token", t.body}};
     } else if (!(t.curl_code == 0 && (t.status == 403 || t.status == 404 || t.status == 405))) {

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "backends/s3/credentials.h"
+#include "src/printable.h"
 
 namespace ckptio::s3 {
 namespace {
@@ -21,7 +22,6 @@ constexpr uint64_t kMinPartSize = 5ull << 20;  // S3: every part but the last
 constexpr uint64_t kMaxPartSize = 5ull << 30;
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f'; }
-bool is_control(unsigned char c) { return c < 0x20 || c == 0x7f; }
 bool is_alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
 
 std::string_view trim(std::string_view s) {
@@ -37,22 +37,6 @@ std::string lowercase(std::string_view s) {
   return out;
 }
 
-// For error messages: the text with non-printable bytes as \xNN.
-std::string printable(std::string_view s) {
-  std::string out;
-  for (char c : s.substr(0, 512)) {
-    const auto u = static_cast<unsigned char>(c);
-    if (is_control(u)) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02X", u);
-      out += buf;
-    } else {
-      out.push_back(c);
-    }
-  }
-  if (s.size() > 512) out += "...";
-  return out;
-}
 
 std::string fmt(double v) {
   char buf[32];
@@ -83,7 +67,7 @@ Status check_prefix(std::string_view uri, std::string_view p) {
     const auto u = static_cast<unsigned char>(c);
     if (c == '\\') return bad_uri(uri, "prefix contains a backslash");
     if (c == '\0') return bad_uri(uri, "prefix contains NUL");
-    if (is_control(u)) return bad_uri(uri, "prefix contains a control character");
+    if (is_control_byte(u)) return bad_uri(uri, "prefix contains a control character");
   }
   size_t start = 0;
   while (true) {
@@ -126,7 +110,7 @@ Result<std::string> normalize_endpoint(std::string_view raw, const std::string& 
   std::string_view rest = s.substr(sep + 3);
   while (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
   for (char c : rest)
-    if (is_space(c) || is_control(static_cast<unsigned char>(c)))
+    if (is_space(c) || is_control_byte(static_cast<unsigned char>(c)))
       return bad("contains whitespace or control characters");
   if (rest.find_first_of("/?#") != std::string_view::npos)
     return bad("must not have a path, query or fragment");
@@ -265,7 +249,7 @@ Result<AwsIni> parse_aws_ini(std::string_view text, AwsIniKind kind) {
     const std::string_view body = trim(line);
     if (body.empty() || body.front() == '#' || body.front() == ';') continue;
     for (char c : body)
-      if (is_control(static_cast<unsigned char>(c)) && c != '\t')
+      if (is_control_byte(static_cast<unsigned char>(c)) && c != '\t')
         return ini_error(line_no, "control character");
 
     if (have_key && indent > key_indent) {  // continuation of the previous key
@@ -700,7 +684,7 @@ Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& get
     if (c.sse.rfind("aws:kms", 0) != 0)
       return invalid_argument("a KMS key id needs server-side encryption aws:kms or aws:kms:dsse");
     for (char ch : c.sse_kms_key_id)
-      if (is_control(static_cast<unsigned char>(ch)) || is_space(ch))
+      if (is_control_byte(static_cast<unsigned char>(ch)) || is_space(ch))
         return invalid_argument("the KMS key id contains whitespace or control characters");
   }
   if (!c.storage_class.empty()) {

@@ -6,6 +6,7 @@
 #include <charconv>
 
 #include "backends/s3/retry.h"
+#include "src/printable.h"
 
 namespace ckptio::s3 {
 namespace {
@@ -22,15 +23,7 @@ std::string_view local_name(const pugi::xml_node& n) {
 }
 
 // Server-supplied text for a message: bounded and printable.
-std::string quoted(std::string_view s) {
-  std::string out;
-  for (char c : s.substr(0, kMaxQuoted)) {
-    const auto u = static_cast<unsigned char>(c);
-    out.push_back(u < 0x20 || u == 0x7f ? '?' : c);
-  }
-  if (s.size() > kMaxQuoted) out += "...";
-  return out;
-}
+std::string quoted(std::string_view s) { return printable(s, kMaxQuoted); }
 
 Status malformed(std::string_view op, const std::string& what) {
   return io_error(std::string(op) + " response: " + what);
@@ -353,7 +346,7 @@ Result<StsCredentials> parse_sts_credentials(std::string_view body) {
                                  {"SecretAccessKey", &out.secret_access_key},
                                  {"SessionToken", &out.session_token}})
     for (char c : *v)
-      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+      if (is_control_byte(static_cast<unsigned char>(c)))
         return malformed(op, "<" + std::string(field) + "> contains a control character");
   CKPTIO_ASSIGN_OR_RETURN(std::string exp, required_text(creds.front(), "Expiration", op));
   const std::optional<int64_t> ns = parse_s3_timestamp(exp);

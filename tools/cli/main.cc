@@ -17,12 +17,16 @@ URIs:   /path or file:///path (local disk, io_uring); s3://BUCKET[/PREFIX]
         in every new process, useful for demo and bench only).
 S3:     settings not given as --s3-* options follow the AWS conventions:
         AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, AWS_REGION / AWS_DEFAULT_REGION,
-        AWS_PROFILE with ~/.aws/config and ~/.aws/credentials. Credentials
-        come only from the environment (AWS_ACCESS_KEY_ID,
-        AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN) or the ~/.aws files: ckptio
-        never takes a secret on its command line, where other users could
-        read it (ps, /proc, shell history). With no credentials anywhere,
-        requests go unsigned (public buckets, local test servers).
+        AWS_PROFILE with ~/.aws/config and ~/.aws/credentials. Credentials,
+        in botocore's order: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+        AWS_SESSION_TOKEN; the profile's role_arn (STS AssumeRole); web
+        identity (AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN, EKS); the
+        profile's keys; its credential_process; the container endpoint
+        (AWS_CONTAINER_CREDENTIALS_*, ECS / EKS Pod Identity); EC2 instance
+        metadata. Temporary ones are renewed in the background (docs/s3.md).
+        ckptio never takes a secret on its command line, where other users
+        could read it (ps, /proc, shell history). With no credentials
+        anywhere, requests go unsigned (public buckets, local test servers).
 SIZE:   bytes, or a number with a suffix: K/KiB, M/MiB, G/GiB, T/TiB are powers
         of 1024; KB, MB, GB, TB are powers of 1000; case-insensitive; a fraction
         is allowed ("1.5GiB").
@@ -77,7 +81,7 @@ int main(int argc, char** argv) {
                  "SIZE bound on staging memory per manager (default 1GiB)")
       ->group("Saving");
 
-  auto* s3 = "S3 backend (s3:// URIs; secrets only from the environment or ~/.aws, see below)";
+  auto* s3 = "S3 backend (s3:// URIs; credentials never as options, see below)";
   app.add_option("--s3-endpoint", g.s3_endpoint,
                  "http(s)://host[:port] of an S3-compatible server (default: AWS for the region)")
       ->group(s3);

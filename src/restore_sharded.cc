@@ -31,6 +31,7 @@
 #include "src/crc32c.h"
 #include "src/damage.h"
 #include "src/read_planner.h"
+#include "src/staging.h"
 
 namespace ckptio {
 
@@ -394,6 +395,16 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
     return Status::OK();
   };
 
+  // The target buffers are fresh: faulted in on a thread of their own while
+  // the reads and copies fill them (as in restore_index). Declared after
+  // `jobs`, which owns them: joined before they are freed.
+  std::future<void> prefault = [&] {
+    std::vector<std::pair<std::byte*, uint64_t>> ranges;
+    for (const LeafJob& job : jobs)
+      for (size_t i = 0; i < job.target_ptrs.size(); ++i)
+        ranges.emplace_back(job.target_ptrs[i], job.plan.target_bytes[i]);
+    return populate_in_background(std::move(ranges));
+  }();
   constexpr size_t kBatchesInFlight = 2;  // == the number of staging slots
   std::deque<std::future<Status>> reading;
   size_t launched = 0;
@@ -410,6 +421,7 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
     if (!first.ok()) break;
   }
   for (auto& f : reading) (void)f.get();  // never leave a read writing into freed memory
+  if (prefault.valid()) prefault.wait();   // nor a prefault touching it (casts below free buffers)
   CKPTIO_RETURN_IF_ERROR(first);
 
   // Casts (the template's dtypes with allow_cast, or float_dtype), once per

@@ -42,7 +42,6 @@
 #include "src/position_table.h"
 #include "src/restore_sharded.h"
 #include "src/sharding_regex.h"
-#include "src/staging.h"
 
 namespace ckptio {
 namespace {
@@ -401,21 +400,6 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
   std::vector<size_t> done_after;  // per batch: the leaves complete once it is verified
   size_t next_leaf = 0;                            // the first leaf not yet planned
   size_t chunk_leaves = kFirstChunkLeaves;
-  // The memory restore allocates is fresh: its first touch, a page fault
-  // per 4 KiB page, would otherwise happen in the kernel as each O_DIRECT
-  // read is submitted, one submission at a time under the ring's lock (~3
-  // GB/s of faults on one core of this VM, ~6 on two; README). So each
-  // chunk's allocations are faulted in on a thread of their own
-  // (populate_in_background) while the reads fill them. Never the caller's
-  // destinations (theirs, likely touched already). Declared after the
-  // buffers' owners: an early return joins the threads before freeing them.
-  std::vector<std::pair<std::byte*, uint64_t>> fresh;  // allocated by the chunk being planned
-  std::vector<std::future<void>> prefaults;
-  auto start_prefault = [&] {
-    auto f = populate_in_background(std::move(fresh));
-    fresh.clear();
-    if (f.valid()) prefaults.push_back(std::move(f));
-  };
 
   // Plans the next chunk: one task per shard, groups of small shards, the
   // allocation of the leaves, pieces and batches.
@@ -523,7 +507,6 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
         g.direct = true;
         g.slab = Buffer::allocate(g.length, std::max<uint64_t>(align, 64), g.offset % align);
         g.bytes = g.slab.data();
-        fresh.emplace_back(g.bytes, g.length);
         for (size_t ti : g.tasks) {
           ShardTask& t = tasks[ti];
           out.leaves[t.leaf].data = g.slab.slice(t.rec->offset - g.offset, t.rec->length);
@@ -539,7 +522,6 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
       const LeafRecord& leaf = *selected[i].second;
       const uint64_t phase = leaf.shards.size() == 1 ? leaf.shards[0].offset % align : 0;
       out.leaves[i].data = Buffer::allocate(leaf.num_bytes(), std::max<uint64_t>(align, 64), phase);
-      fresh.emplace_back(out.leaves[i].data.data(), leaf.num_bytes());
     }
     for (size_t i = task_begin; i < tasks.size(); ++i) {
       ShardTask& t = tasks[i];
@@ -570,7 +552,6 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
       out.stats.requests += end - begin;
       begin = end;
     }
-    start_prefault();
     return Status::OK();
   };
   // Leaves whose reads are all verified: their names and shapes move from
@@ -733,7 +714,6 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
     if (first.ok()) release(done_after[verified - 1]);
   }
   for (auto& f : reading) (void)f.done.get();  // never leave a read writing into freed memory
-  for (auto& f : prefaults) f.wait();  // nor a prefault touching it (casts below free leaves)
   CKPTIO_RETURN_IF_ERROR(first);
   out.stats.read_seconds = std::chrono::duration<double>(Clock::now() - t_reads).count();
   release(out.leaves.size());

@@ -395,14 +395,20 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
     return Status::OK();
   };
 
-  // The target buffers are fresh: faulted in on a thread of their own while
-  // the reads and copies fill them (as in restore_index). Declared after
-  // `jobs`, which owns them: joined before they are freed.
+  // Target buffers filled only by copies out of the staging slots take
+  // their first touch on this thread: faulted in on a thread of their own
+  // while the reads go on (as in restore_index, which says why not the
+  // others). Declared after `jobs`, which owns them: joined before they
+  // are freed.
   std::future<void> prefault = [&] {
     std::vector<std::pair<std::byte*, uint64_t>> ranges;
-    for (const LeafJob& job : jobs)
+    for (const LeafJob& job : jobs) {
+      std::vector<bool> direct(job.target_ptrs.size(), false);
+      for (const PlannedRead& r : job.plan.reads)
+        if (r.target != kStaging) direct[r.target] = true;
       for (size_t i = 0; i < job.target_ptrs.size(); ++i)
-        ranges.emplace_back(job.target_ptrs[i], job.plan.target_bytes[i]);
+        if (!direct[i]) ranges.emplace_back(job.target_ptrs[i], job.plan.target_bytes[i]);
+    }
     return populate_in_background(std::move(ranges));
   }();
   constexpr size_t kBatchesInFlight = 2;  // == the number of staging slots

@@ -395,11 +395,13 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
     return Status::OK();
   };
 
-  // Target buffers filled only by copies out of the staging slots take
-  // their first touch on this thread: faulted in on a thread of their own
-  // while the reads go on (as in restore_index, which says why not the
-  // others). Declared after `jobs`, which owns them: joined before they
-  // are freed.
+  // Target buffers filled only by copies out of the staging slots would
+  // take their first touch (a page fault per 4 KiB) on this thread, between
+  // checksums: they are faulted in on a thread of their own while the reads
+  // go on. Not the targets reads land in directly: the kernel faults those
+  // in as each read is submitted, and a second faulting thread measured
+  // slower there on 2 cores (README, "Restore into fresh memory"). Declared
+  // after `jobs`, which owns them: joined before they are freed.
   std::future<void> prefault = [&] {
     std::vector<std::pair<std::byte*, uint64_t>> ranges;
     for (const LeafJob& job : jobs) {

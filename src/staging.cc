@@ -14,7 +14,6 @@
 #include <sys/mman.h>
 
 #include "src/async.h"
-
 #include "src/position_table.h"
 
 namespace ckptio {

@@ -25,12 +25,12 @@ namespace ckptio {
 // then nothing was done, and the caller must not fall back to writing.
 bool populate_for_write(void* p, size_t len);
 
-// Restore's fresh allocations, faulted in on a thread of their own
-// (populate_for_write) while reads land in them: the ranges from the last
-// backwards, each in 8 MiB slices from its end, so that this thread and
-// reads filling them from the front meet in the middle. Invalid when there
-// is nothing to do, no thread to be had, or the kernel cannot. The caller
-// waits on it before freeing the ranges.
+// Fresh allocations of a restore, faulted in on a thread of their own
+// (populate_for_write) while the restore fills them: the ranges from the
+// last backwards, each in 8 MiB slices from its end, so that this thread
+// and copies filling them from the front meet in the middle. Invalid when
+// there is nothing to do, no thread to be had, or the kernel cannot. The
+// caller waits on it before freeing the ranges.
 std::future<void> populate_in_background(std::vector<std::pair<std::byte*, uint64_t>> ranges);
 
 // A pool of `capacity` buffers of `chunk` bytes, 4096-aligned (direct I/O

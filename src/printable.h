@@ -12,6 +12,13 @@ namespace ckptio {
 
 inline bool is_control_byte(unsigned char c) { return c < 0x20 || c == 0x7f; }
 
+// Text that goes into an HTTP header (a credential, a token) must have none.
+inline bool has_control_byte(std::string_view s) {
+  for (char c : s)
+    if (is_control_byte(static_cast<unsigned char>(c))) return true;
+  return false;
+}
+
 inline std::string printable(std::string_view s, size_t max = 256) {
   std::string out;
   size_t i = 0;

@@ -125,9 +125,7 @@ Result<TimedCredentials> parse_credentials_document(std::string_view body, const
     if (!it->is_string()) return io_error(op + ": \"" + name + "\" is not a string");
     std::string v = it->get<std::string>();
     if (required && v.empty()) return io_error(op + ": empty \"" + name + "\"");
-    for (char c : v)
-      if (is_control_byte(static_cast<unsigned char>(c)))
-        return io_error(op + ": \"" + name + "\" contains a control character");
+    if (has_control_byte(v)) return io_error(op + ": \"" + name + "\" contains a control character");
     return v;
   };
   if (versioned) {
@@ -320,9 +318,8 @@ FetchCredentials instance_metadata_fetcher(std::string endpoint, double timeout_
     HttpResponse t = http_perform(tok, timeout_s);
     std::vector<std::pair<std::string, std::string>> auth;
     if (t.curl_code == 0 && t.status == 200 && !t.body.empty()) {
-      for (char c : t.body)  // it goes into a header: no line breaks, no control bytes
-        if (is_control_byte(static_cast<unsigned char>(c)))
-          return io_error("instance metadata: the session token contains a control character");
+      if (has_control_byte(t.body))  // it goes into a header: no line breaks, no control bytes
+        return io_error("instance metadata: the session token contains a control character");
       auth = {{"X-aws-ec2-metadata-token", t.body}};
     } else if (!(t.curl_code == 0 && (t.status == 403 || t.status == 404 || t.status == 405))) {
       return http_failure(t, "instance metadata token (PUT " + tok.url + ")");

@@ -37,7 +37,6 @@ std::string lowercase(std::string_view s) {
   return out;
 }
 
-
 std::string fmt(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", v);

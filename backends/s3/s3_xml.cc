@@ -345,9 +345,7 @@ Result<StsCredentials> parse_sts_credentials(std::string_view body) {
   for (const auto& [field, v] : {std::pair<const char*, const std::string*>{"AccessKeyId", &out.access_key_id},
                                  {"SecretAccessKey", &out.secret_access_key},
                                  {"SessionToken", &out.session_token}})
-    for (char c : *v)
-      if (is_control_byte(static_cast<unsigned char>(c)))
-        return malformed(op, "<" + std::string(field) + "> contains a control character");
+    if (has_control_byte(*v)) return malformed(op, "<" + std::string(field) + "> contains a control character");
   CKPTIO_ASSIGN_OR_RETURN(std::string exp, required_text(creds.front(), "Expiration", op));
   const std::optional<int64_t> ns = parse_s3_timestamp(exp);
   if (!ns) return malformed(op, "<Expiration> is '" + quoted(exp) + "', expected an ISO 8601 UTC time");

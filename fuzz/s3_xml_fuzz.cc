@@ -106,7 +106,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 2: {
       const auto r = s3::parse_complete_multipart(body);
       if (!r.ok()) return check_rejection(r.status(), body, "complete"), 0;
-      if (r->etag.empty()) fail("accepted an empty ETag", "");
+      // An empty ETag is accepted (Ceph's radosgw sends one), not a missing one.
+      if (r->etag.empty() && body.find("ETag") == std::string_view::npos)
+        fail("accepted a Complete result without an ETag", "");
       return 0;
     }
     case 3: {

@@ -105,6 +105,7 @@ TEST_P(S3Cli, MissingStepsAndBadUrisAreClearErrors) {
 
 INSTANTIATE_TEST_SUITE_P(S3Moto, S3Cli, ::testing::Values("Moto"));
 INSTANTIATE_TEST_SUITE_P(S3S3rver, S3Cli, ::testing::Values("S3rver"));
+INSTANTIATE_TEST_SUITE_P(S3Ceph, S3Cli, ::testing::Values("Ceph"));
 
 }  // namespace
 }  // namespace ckptio

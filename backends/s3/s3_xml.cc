@@ -371,7 +371,10 @@ Result<CompleteResult> parse_complete_multipart(std::string_view body) {
       local_name(doc.document_element()) == "CompleteMultipartUploadResponse")
     root = doc.document_element();
   if (!root.ok()) return root.status();
-  CKPTIO_ASSIGN_OR_RETURN(std::string etag, required_text(*root, "ETag", op));
+  // Ceph's radosgw (16.2, and later releases until fixed upstream) answers
+  // a successful Complete with <ETag></ETag>: the object is whole (HEAD gives
+  // its "md5-N" ETag). The element must be there; its text may be empty.
+  CKPTIO_ASSIGN_OR_RETURN(std::string etag, required_text(*root, "ETag", op, /*allow_empty=*/true));
   return CompleteResult{std::move(etag)};
 }
 

@@ -68,10 +68,11 @@ Result<StsCredentials> parse_sts_credentials(std::string_view body);
 Result<std::string> parse_initiate_multipart(std::string_view body);
 
 struct CompleteResult {
-  std::string etag;  // as returned, quotes included: "\"3858f...-9\""
+  std::string etag;  // as returned, quotes included: "\"3858f...-9\""; may be empty
 };
-// CompleteMultipartUpload: the final ETag (required). An <Error> body inside a
-// 200 comes back as an error Status (see above).
+// CompleteMultipartUpload: the final ETag (the element is required; Ceph's
+// radosgw 16 sends it empty). An <Error> body inside a 200 comes back as an
+// error Status (see above).
 Result<CompleteResult> parse_complete_multipart(std::string_view body);
 
 struct ObjectEntry {

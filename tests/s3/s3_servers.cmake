@@ -22,16 +22,18 @@
 #   S3MotoSoak*   -> moto_soak    (tests/soak_test.cc: its own proxy)
 #   S3Moto*       -> moto         (names starting so, or ending in /Moto)
 #   S3S3rver*     -> s3rver       (names starting so, or ending in /S3rver)
+#   S3Ceph*       -> ceph         (names starting so, or ending in /Ceph)
 # Such a test gets FIXTURES_REQUIRED s3_NAME and the environment variable
 # CKPTIO_S3_SERVER_ENV=<state>/server.env (through ENVIRONMENT_MODIFICATION,
 # so it adds to any ENVIRONMENT the test already has). A proxy's tests also
 # require its upstream's fixture and share RESOURCE_LOCK s3_NAME: its rules
 # and counters are global, so they run one at a time.
 
-set(CKPTIO_S3_SERVERS moto s3rver moto_sigv4)
+set(CKPTIO_S3_SERVERS moto s3rver moto_sigv4 ceph)
 set(CKPTIO_S3_KIND_moto moto)
 set(CKPTIO_S3_KIND_s3rver s3rver)
 set(CKPTIO_S3_KIND_moto_sigv4 moto-sigv4)
+set(CKPTIO_S3_KIND_ceph ceph)
 # Fault proxies (tests/s3/fault-proxy): NAME -> the server it stands in front of.
 # moto_chaos and moto_soak serve one test file each, so that the chaos
 # scenarios, the soak and the S3MotoFaulty cases run side by side (each
@@ -48,13 +50,14 @@ set(CKPTIO_S3_FULL_SMOKE_moto_faulty TRUE)
 # of INSTANTIATE_TEST_SUITE_P, which GoogleTest puts first), or ends in
 # /Moto etc. from a parameter-name generator; gtest_discover_tests may append
 # "  # GetParam() = ..." to such names, hence the optional tail.
-set(CKPTIO_S3_RULE_ORDER moto_sigv4 moto_faulty moto_chaos moto_soak moto s3rver)
+set(CKPTIO_S3_RULE_ORDER moto_sigv4 moto_faulty moto_chaos moto_soak moto s3rver ceph)
 set(CKPTIO_S3_REGEX_moto_sigv4 "^S3MotoSigV4|/MotoSigV4( +#.*)?$")
 set(CKPTIO_S3_REGEX_moto_faulty "^S3MotoFaulty|/MotoFaulty( +#.*)?$")
 set(CKPTIO_S3_REGEX_moto_chaos "^S3MotoChaos")
 set(CKPTIO_S3_REGEX_moto_soak "^S3MotoSoak")
 set(CKPTIO_S3_REGEX_moto "^S3Moto|/Moto( +#.*)?$")
 set(CKPTIO_S3_REGEX_s3rver "^S3S3rver|/S3rver( +#.*)?$")
+set(CKPTIO_S3_REGEX_ceph "^S3Ceph|/Ceph( +#.*)?$")
 
 set(CKPTIO_S3_TOOLS ${CMAKE_CURRENT_LIST_DIR})
 set(CKPTIO_S3_STATE_ROOT ${CMAKE_BINARY_DIR}/s3-servers)

@@ -4,6 +4,7 @@
 // tests/s3/README.md) and routes a GoogleTest case to one by its name:
 //   S3Moto...      (or a parameter name ending the test name in /Moto)      -> moto
 //   S3S3rver...    (or .../S3rver)                                          -> s3rver
+//   S3Ceph...      (or .../Ceph)     -> Ceph's radosgw (real SigV4 checks; tests/s3/ceph-rgw)
 //   S3MotoSigV4... (or .../MotoSigV4)                                       -> moto with SigV4 checks
 //   S3MotoFaulty...(or .../MotoFaulty)  -> moto behind tests/s3/fault-proxy (faults on request)
 // Such a test runs with CKPTIO_S3_SERVER_ENV=<build>/s3-servers/<name>/server.env,
@@ -68,7 +69,7 @@ struct S3TestServer {
   std::string access_key;
   std::string secret_key;
   std::string region;      // "us-east-1"
-  std::string kind;        // "moto", "moto-sigv4" or "s3rver"
+  std::string kind;        // "moto", "moto-sigv4", "s3rver" or "ceph"
   bool checks_sigv4 = false;  // true only for moto-sigv4: a wrong secret gets 403
   std::string env_path;    // the server.env it was read from
   // Only behind tests/s3/fault-proxy (S3MotoFaulty): its control API,

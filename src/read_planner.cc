@@ -516,7 +516,15 @@ Result<ReadPlan> plan_reads(const SavedLeaf& leaf, std::span<const Box> targets,
     for (size_t i = first; i < end && plan.reads[i].offset <= at; ++i)
       at = std::max(at, plan.reads[i].offset + plan.reads[i].length);
     pr.verifiable = piece.crc32c.has_value() && at >= piece.offset + piece.length;
-    if (piece.crc32c && !pr.verifiable) ++st.pieces_unverified;
+    if (piece.crc32c && !pr.verifiable) {
+      ++st.pieces_unverified;
+      for (size_t i = first; i < end; ++i) {
+        const PlannedRead& rd = plan.reads[i];
+        const uint64_t lo = std::max(rd.offset, piece.offset);
+        const uint64_t hi = std::min(rd.offset + rd.length, piece.offset + piece.length);
+        if (hi > lo) st.bytes_unverified += hi - lo;
+      }
+    }
   }
   return plan;
 }

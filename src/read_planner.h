@@ -161,6 +161,7 @@ struct ReadPlanStats {
   uint64_t regions_coarsened = 0;
   uint64_t pieces_widened = 0;     // partly needed pieces read whole to verify them
   uint64_t pieces_unverified = 0;  // needed pieces with a crc that the plan cannot check
+  uint64_t bytes_unverified = 0;   // bytes of those pieces that the reads fetch
 };
 
 struct ReadPlan {

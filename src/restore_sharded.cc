@@ -151,13 +151,13 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
   po.max_gap = options.coalesce_gap.value_or(storage.caps().atomic_rename ? kLocalGap : kObjectStoreGap);
   po.max_read = std::max<uint64_t>(1, std::min(kMaxRead, limits.staging_bytes));
   po.verify = options.verify;
+  po.verify_widen_max_bytes = options.verify_widen_max_bytes;
   const uint64_t align = std::max<uint64_t>(storage.read_alignment(), 1);
 
   // Plan every leaf.
   std::vector<std::string> files;  // one numbering for the step
   std::vector<LeafJob> jobs;
   jobs.reserve(selected.size());
-  uint64_t unverified = 0;
   for (const auto& [prefix, rec] : selected) {
     LeafJob job;
     job.name = prefix + "/" + rec->path;
@@ -218,7 +218,8 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
       }
       job.crc.assign(job.plan.pieces.size(), 0);
       job.crc_bytes.assign(job.plan.pieces.size(), 0);
-      unverified += job.plan.stats.pieces_unverified;
+      out->stats.pieces_unverified += job.plan.stats.pieces_unverified;
+      out->stats.bytes_unverified += job.plan.stats.bytes_unverified;
     }
 
     out->stats.bytes_needed += job.plan.stats.bytes_needed;
@@ -227,9 +228,10 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
     out->leaves.push_back(std::move(t));
     jobs.push_back(std::move(job));
   }
-  if (unverified > 0)
-    spdlog::debug("ckptio: restore of step {} into a sharding: {} saved shards read only in part, "
-                  "not verified against their checksums", step, unverified);
+  if (out->stats.pieces_unverified > 0)
+    spdlog::debug("ckptio: restore of step {} into a sharding: {} saved shards read only in part ({} bytes), "
+                  "not verified against their checksums", step, out->stats.pieces_unverified,
+                  out->stats.bytes_unverified);
 
   std::vector<std::string> keys;
   keys.reserve(files.size());

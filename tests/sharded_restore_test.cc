@@ -568,6 +568,57 @@ TEST_P(ShardedRestore, CorruptedByteIsDataLossWhenThePieceIsVerifiable) {
   EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size()), 0);
 }
 
+// A saved shard larger than verify_widen_max_bytes that is needed only in
+// part is delivered without a checksum check, and the statistics say so;
+// with verify_widen_max_bytes = UINT64_MAX it is read whole and checked.
+TEST_P(ShardedRestore, PartlyNeededLargeShardsAreCountedUnverifiedOrReadWholeToCheckThem) {
+  // 64 x 4096 float32 saved 8-way on dim 0: 8 shards of 128 KiB.
+  std::vector<SavedArray> arrays = {make_array("params.w", DType::kFloat32, {64, 4096}, 41)};
+  const NamedSharding saved_as = sharding("x=8", {{"x"}});
+  ASSERT_NO_FATAL_FAILURE(save(1, arrays, {saved_as}));
+  const uint64_t total = 64 * 4096 * 4;
+  const NamedSharding cols = sharding("y=2", {{}, {"y"}});  // device 0: columns 0-2047 of every row
+
+  RestoreOptions o;
+  o.sharding = into(cols, arrays, {0});
+  o.coalesce_gap = 0;
+  auto r = manager_->restore(1, o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  expect_device_shards(r->leaves[0], arrays[0], cols, {0});
+  EXPECT_EQ(r->stats.bytes_read, total / 2);
+  EXPECT_EQ(r->stats.pieces_unverified, 8u);
+  EXPECT_EQ(r->stats.bytes_unverified, total / 2);
+
+  RestoreOptions whole = o;
+  whole.verify_widen_max_bytes = UINT64_MAX;
+  r = manager_->restore(1, whole);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  expect_device_shards(r->leaves[0], arrays[0], cols, {0});
+  EXPECT_EQ(r->stats.bytes_read, total);
+  EXPECT_EQ(r->stats.pieces_unverified, 0u);
+  EXPECT_EQ(r->stats.bytes_unverified, 0u);
+
+  RestoreOptions as_saved;
+  as_saved.sharding = into(saved_as, arrays);
+  r = manager_->restore(1, as_saved);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->stats.pieces_unverified, 0u);
+
+  // A damaged byte that device 0 needs (row 3, column 5).
+  size_t shard = 0;
+  ASSERT_NO_FATAL_FAILURE(corrupt(1, "params.w", 0, (3 * 4096 + 5) * 4, &shard));
+  r = manager_->restore(1, o);  // unchecked: the damage comes through, counted
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->stats.pieces_unverified, 8u);
+  const Buffer& got = r->leaves[0].device_shards.at(0).data;
+  std::vector<std::byte> want = box_bytes(arrays[0].global, arrays[0].shape, 4, r->leaves[0].device_shards[0].box);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_NE(std::memcmp(got.data(), want.data(), want.size()), 0);
+  r = manager_->restore(1, whole);  // read whole: caught
+  ASSERT_EQ(r.status().code(), Code::kDataLoss) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("model/params.w"), std::string::npos) << r.status().to_string();
+}
+
 // ---- Casts --------------------------------------------------------------------------
 
 TEST_P(ShardedRestore, FloatDtypeCastsEveryDeviceBuffer) {

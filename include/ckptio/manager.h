@@ -210,6 +210,12 @@ struct RestoreStats {
   double index_seconds = 0;
   double plan_seconds = 0;
   double read_seconds = 0;
+  // Restore into a sharding only: saved shards read in part, whose bytes
+  // were delivered without a checksum check (RestoreOptions::verify), and
+  // how many of their bytes were read. 0 when everything delivered was
+  // checked.
+  uint64_t pieces_unverified = 0;
+  uint64_t bytes_unverified = 0;
 };
 
 struct RestoreOptions {
@@ -219,7 +225,16 @@ struct RestoreOptions {
   std::vector<LeafSpec> expected;
   bool allow_cast = false;            // cast dtype mismatches to `expected`
   std::optional<DType> float_dtype;   // cast float leaves on restore
-  bool verify = true;                 // check every shard's crc32c
+  // Check the crc32c of every saved shard read, and fail with kDataLoss
+  // naming the leaf, shard and data file on a mismatch. A shard's checksum
+  // covers the whole shard, so a restore into a sharding that needs only part
+  // of a saved shard can check it only by reading all of it: it does so for
+  // shards of at most `verify_widen_max_bytes`, and delivers the part of a
+  // larger shard unchecked, counted in RestoreStats::pieces_unverified and
+  // bytes_unverified. UINT64_MAX checks every byte delivered, at the cost of
+  // reading whole shards (bytes_read grows up to the saved shards' size).
+  bool verify = true;
+  uint64_t verify_widen_max_bytes = 64 << 10;
   // Restore into existing arrays: a leaf named here lands in the caller's
   // memory (exactly the leaf's bytes; no cast may apply to it) instead of a
   // fresh allocation. Memory that was touched before restores faster than

@@ -327,11 +327,13 @@ struct CheckCmd {
   bool json = false;
   ShardingArgs sharding;
   std::string coalesce_gap;
+  bool verify_whole_shards = false;
 };
 
 int run_check(const GlobalOptions& g, const CheckCmd& o) {
-  if (o.sharding.any() || !o.coalesce_gap.empty())
-    return run_sharded_check(g, o.sharding, ShardedCheckArgs{o.uri, o.step, o.coalesce_gap, o.json});
+  if (o.sharding.any() || !o.coalesce_gap.empty() || o.verify_whole_shards)
+    return run_sharded_check(g, o.sharding,
+                             ShardedCheckArgs{o.uri, o.step, o.coalesce_gap, o.json, o.verify_whole_shards});
   auto m = open_manager(g, o.uri, Access::kRead);
   const uint64_t batch = o.batch.empty() ? 0 : size_arg(o.batch, "--batch");
   // --step N checks that step. Without it, as a restarting trainer's
@@ -435,10 +437,15 @@ void add_synth(CLI::App& app, const GlobalOptions& g, Command* run) {
                     "of the available memory)");
   check->add_flag("--json", c->json,
                   "Print {step, bytes, leaves, restore_gbps, verified, skipped: [{step, error}]}; with a sharding {step, mesh, processes, "
-                  "bytes_needed, bytes_read, read_ratio, requests, restore_gbps, verified}");
+                  "bytes_needed, bytes_read, read_ratio, requests, pieces_unverified, bytes_unverified, "
+                  "restore_gbps, verified}");
   add_sharding_options(check, c->sharding);
   check->add_option("--coalesce-gap", c->coalesce_gap,
                     "Read two needed ranges at most SIZE apart as one request (default: 4KiB local, 1MiB S3)");
+  check->add_flag("--verify-whole-shards", c->verify_whole_shards,
+                  "With a sharding: read every saved shard that is needed in part whole, so that its "
+                  "checksum is checked (by default only shards of at most 64 KiB are; the parts of larger "
+                  "ones are counted in pieces_unverified / bytes_unverified)");
   check->callback([c, &g, run] { *run = [c, &g] { return run_check(g, *c); }; });
 }
 

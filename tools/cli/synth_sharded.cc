@@ -286,6 +286,7 @@ Json check_process(const GlobalOptions& g, const Sharding& s, const ShardedCheck
   target.uneven = Uneven::kPad;
   ro.sharding = target;
   if (!a.coalesce_gap.empty()) ro.coalesce_gap = size_arg(a.coalesce_gap, "--coalesce-gap");
+  if (a.verify_whole_shards) ro.verify_widen_max_bytes = UINT64_MAX;
   const auto t0 = Clock::now();
   auto r = m->restore(step, ro);
   const double seconds = since(t0);
@@ -320,6 +321,8 @@ Json check_process(const GlobalOptions& g, const Sharding& s, const ShardedCheck
   return Json{{"bytes_needed", r->stats.bytes_needed},
               {"bytes_read", r->stats.bytes_read},
               {"requests", r->stats.requests},
+              {"pieces_unverified", r->stats.pieces_unverified},
+              {"bytes_unverified", r->stats.bytes_unverified},
               {"bytes_checked", checked},
               {"restore_seconds", seconds},
               {"leaves", r->leaves.size()}};
@@ -448,6 +451,8 @@ int run_sharded_check(const GlobalOptions& g, const ShardingArgs& args, const Sh
                 {"bytes_read", read},
                 {"read_ratio", needed ? round_to(static_cast<double>(read) / needed, 4) : 0.0},
                 {"requests", sum_of(results, "requests")},
+                {"pieces_unverified", sum_of(results, "pieces_unverified")},
+                {"bytes_unverified", sum_of(results, "bytes_unverified")},
                 {"bytes_checked", sum_of(results, "bytes_checked")},
                 {"restore_seconds", round_to(seconds, 4)},
                 {"restore_gbps", round_to(gbps(needed, seconds), 4)},
@@ -462,6 +467,11 @@ int run_sharded_check(const GlobalOptions& g, const ShardingArgs& args, const Sh
                 needed ? static_cast<double>(read) / needed : 0.0,
                 static_cast<unsigned long long>(sum_of(results, "requests")), format_seconds(seconds).c_str(),
                 format_gbps(needed, seconds).c_str());
+    if (const uint64_t unverified = sum_of(results, "pieces_unverified"))
+      std::printf("  %llu saved shards read in part (%s): their checksums cover whole shards and were not "
+                  "checked (--verify-whole-shards reads them whole)\n",
+                  static_cast<unsigned long long>(unverified),
+                  format_bytes(sum_of(results, "bytes_unverified")).c_str());
   }
   if (!error.empty()) fail(kExitFailed, error);
   return kExitOk;

@@ -37,6 +37,7 @@ struct ShardedCheckArgs {
   std::optional<int64_t> step;
   std::string coalesce_gap;  // SIZE; "": the backend's default
   bool json = false;
+  bool verify_whole_shards = false;  // RestoreOptions::verify_widen_max_bytes = UINT64_MAX
 };
 
 int run_sharded_save(const GlobalOptions& g, const ShardingArgs& s, const ShardedSaveArgs& a);

@@ -1,5 +1,6 @@
 // copy_step / copy_all_steps (include/ckptio/copy.h) between every pair of
-// backend kinds: POSIX-like memory, object-store memory and local disk.
+// backend kinds: POSIX-like memory, object-store memory and local disk; and
+// to, from and between real S3 servers (moto, s3rver, Ceph's radosgw).
 // Sources are written by CheckpointManager (or by hand, for layouts the
 // manager never produces); destinations are checked by a fresh
 // CheckpointManager restoring bit for bit, and by listing what is left.
@@ -20,9 +21,12 @@
 #include "testutil/random_bytes.h"
 #include "backends/local/local_storage.h"
 #include "backends/memory/memory_storage.h"
+#include "backends/s3/s3_storage.h"
 #include "ckptio/ckptio.h"
 #include "src/copy.h"
 #include "src/crc32c.h"
+#include "testutil/s3_server.h"
+#include "testutil/s3_store.h"
 
 namespace ckptio {
 namespace {
@@ -776,22 +780,149 @@ TEST(CopyIndex, RewriteKeepsEverythingButTheNames) {
 }
 
 // ---- S3 -------------------------------------------------------------------------------
-// TODO(s3): S3 copies against real servers go here, through
-// tests/testutil/s3_server.h (name the tests S3MotoCopy... / S3S3rverCopy...,
-// start with CKPTIO_REQUIRE_S3_SERVER(srv), keep every key under
-// s3_test_prefix()). Open the S3 side with open_storage("s3://" + srv.bucket +
-// "/" + prefix, options) with s3.endpoint/region/access_key_id/
-// secret_access_key from srv and s3.part_size = 5 MiB, and a state of ~3 parts
-// plus a tail, so that multipart uploads, a single-part PutObject and the
-// last range are all hit:
-//   - local -> S3 -> another local directory: restore bit-exact, verify();
-//   - S3 -> S3 (two prefixes of one bucket), copy_all_steps twice (the second
-//     skips everything);
-//   - damage at the S3 source (put a flipped data object): kDataLoss naming the
-//     leaf, no index, no object and list_unfinished() empty at the destination
-//     prefix (checked by hand with moto on 2026-11-23: all three hold);
-//   - S3MotoFaulty: 503 on UploadPart beyond the retries -> kUnavailable,
-//     nothing committed, one AbortMultipartUpload.
+// Copies to, from and between real S3 servers (tests/testutil/s3_server.h):
+// 5 MiB parts and a state of ~3 parts plus a tail, so that multipart
+// uploads, single-part PutObjects and the last range are all hit.
+
+std::vector<OwnedLeaf> s3_state(uint64_t seed) {
+  std::vector<OwnedLeaf> s = sample_state(seed);
+  // 16 MB, among the model's leaves (restore lists a prefix's leaves together).
+  s.insert(s.begin() + 4, make_leaf("model", "params.big", DType::kFloat32, {4000, 1000}, seed + 9));
+  return s;
+}
+
+class S3CopyTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    CKPTIO_REQUIRE_S3_SERVER(srv);
+    srv_ = srv;
+    prefix_ = testutil::s3_test_prefix();
+  }
+  void TearDown() override {
+    for (const auto& d : dirs_) fs::remove_all(d);
+  }
+  std::shared_ptr<Storage> s3_at(const std::string& name) {
+    auto s = s3::make_s3_storage("s3://" + srv_.bucket + "/" + prefix_ + name, testutil::s3_test_config(srv_));
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    return s.ok() ? std::shared_ptr<Storage>(*s) : nullptr;
+  }
+  std::shared_ptr<Storage> local() {
+    fs::path dir = fs::temp_directory_path() /
+                   ("ckptio-s3copy-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
+    fs::remove_all(dir);
+    dirs_.push_back(dir);
+    auto s = make_local_storage(dir.string());
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    return s.ok() ? *s : nullptr;
+  }
+  static void save(std::shared_ptr<Storage> s, int64_t step, const std::vector<OwnedLeaf>& state) {
+    CheckpointManager m(std::move(s), {});
+    auto h = m.save(step, views(state));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+  }
+  static void expect_step(std::shared_ptr<Storage> s, int64_t step, const std::vector<OwnedLeaf>& state) {
+    CheckpointManager m(std::move(s), {});
+    EXPECT_TRUE(m.verify(step).ok());
+    auto r = m.restore(step);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    expect_restored(*r, state);
+  }
+  // Nothing at all under an S3 storage: no object, no unfinished upload
+  // (where the server can list them).
+  static void expect_empty(Storage& s) {
+    auto listed = s.list("", false);
+    ASSERT_TRUE(listed.ok()) << listed.status().to_string();
+    EXPECT_TRUE(listed->objects.empty()) << listed->objects.size() << " objects, first " << listed->objects[0].key;
+    auto uploads = s.list_unfinished("");
+    if (uploads.status().code() != Code::kUnimplemented) {  // s3rver cannot list them
+      ASSERT_TRUE(uploads.ok()) << uploads.status().to_string();
+      EXPECT_TRUE(uploads->empty()) << uploads->size() << " unfinished uploads";
+    }
+  }
+
+  testutil::S3TestServer srv_;
+  std::string prefix_;
+  std::vector<fs::path> dirs_;
+  static inline int counter_ = 0;
+};
+
+TEST_P(S3CopyTest, LocalToS3ToAnotherLocalDirectoryRestoresBitExact) {
+  const auto state = s3_state(1);
+  auto src = local();
+  ASSERT_NO_FATAL_FAILURE(save(src, 3, state));
+  auto bucket = s3_at("a");
+  auto up = copy_step(*src, *bucket, 3);
+  ASSERT_TRUE(up.ok()) << up.status().to_string();
+  EXPECT_GT(up->bytes, 16u << 20);
+  EXPECT_EQ(up->shards, state.size() - 1);  // the empty leaf has no shard to check
+  ASSERT_NO_FATAL_FAILURE(expect_step(bucket, 3, state));
+
+  auto back = local();
+  auto down = copy_step(*bucket, *back, std::nullopt);
+  ASSERT_TRUE(down.ok()) << down.status().to_string();
+  EXPECT_EQ(down->step, 3);
+  EXPECT_EQ(down->bytes, up->bytes);
+  ASSERT_NO_FATAL_FAILURE(expect_step(back, 3, state));
+}
+
+TEST_P(S3CopyTest, BetweenTwoPrefixesTheSecondCopyAllSkipsEverything) {
+  auto a = s3_at("a");
+  const auto s1 = s3_state(2), s2 = sample_state(3);
+  ASSERT_NO_FATAL_FAILURE(save(a, 1, s1));
+  ASSERT_NO_FATAL_FAILURE(save(a, 2, s2));
+  auto b = s3_at("b");
+  CopyOptions o;
+  o.skip_identical = true;
+  auto first = copy_all_steps(*a, *b, o);
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  ASSERT_EQ(first->size(), 2u);
+  for (const CopyStats& st : *first) EXPECT_FALSE(st.skipped) << "step " << st.step;
+  auto second = copy_all_steps(*a, *b, o);
+  ASSERT_TRUE(second.ok()) << second.status().to_string();
+  ASSERT_EQ(second->size(), 2u);
+  for (const CopyStats& st : *second) EXPECT_TRUE(st.skipped) << "step " << st.step;
+  ASSERT_NO_FATAL_FAILURE(expect_step(b, 1, s1));
+  ASSERT_NO_FATAL_FAILURE(expect_step(b, 2, s2));
+}
+
+TEST_P(S3CopyTest, DamageAtEitherEndsSourceCommitsNothing) {
+  const auto state = s3_state(4);
+  auto bucket = s3_at("a");
+  ASSERT_NO_FATAL_FAILURE(save(bucket, 5, state));
+  Index idx = CheckpointManager(bucket, {}).read_index(5).value();
+  const ShardRecord* big = nullptr;
+  for (const LeafRecord& l : idx.prefixes[0].leaves)
+    if (l.path == "params.big") big = &l.shards.at(0);
+  ASSERT_NE(big, nullptr);
+  ASSERT_TRUE(flip_byte(*bucket, "run-5/" + big->file, big->offset + big->length / 2).ok());
+
+  // S3 -> local: refused, nothing at the destination.
+  auto dst = local();
+  auto r = copy_step(*bucket, *dst, 5);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kDataLoss) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("model/params.big shard 0"), std::string::npos) << r.status().to_string();
+  EXPECT_TRUE(everything(*dst).empty());
+
+  // local -> S3, damaged in the local copy: no object and no upload left in the bucket.
+  auto src = local();
+  ASSERT_NO_FATAL_FAILURE(save(src, 6, state));
+  Index lidx = CheckpointManager(src, {}).read_index(6).value();
+  for (const LeafRecord& l : lidx.prefixes[0].leaves)
+    if (l.path == "params.big") big = &l.shards.at(0);
+  ASSERT_TRUE(flip_byte(*src, "run-6/" + big->file, big->offset + big->length - 1).ok());
+  auto into = s3_at("b");
+  r = copy_step(*src, *into, 6);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kDataLoss) << r.status().to_string();
+  ASSERT_NO_FATAL_FAILURE(expect_empty(*into));
+  EXPECT_TRUE(CheckpointManager(into, {}).all_steps().value().empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(S3Moto, S3CopyTest, ::testing::Values("Moto"));
+INSTANTIATE_TEST_SUITE_P(S3S3rver, S3CopyTest, ::testing::Values("S3rver"));
+INSTANTIATE_TEST_SUITE_P(S3Ceph, S3CopyTest, ::testing::Values("Ceph"));
 
 }  // namespace
 }  // namespace ckptio

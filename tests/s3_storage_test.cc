@@ -393,8 +393,10 @@ TEST(S3MotoAddressing, VirtualHosted) {
 // On a server that checks SigV4, a signed request for `key` goes through and
 // a wrong secret is refused as a permission error that names the key and
 // never echoes the secret.
-void expect_signed_and_wrong_secret_refused(const testutil::S3TestServer& srv,
-                                            const std::string& prefix, const std::string& key) {
+// `list`: also list under the prefix (a query value that needs encoding,
+// which moto_sigv4 verifies wrongly).
+void expect_signed_and_wrong_secret_refused(const testutil::S3TestServer& srv, const std::string& prefix,
+                                            const std::string& key, bool list) {
   ASSERT_TRUE(srv.checks_sigv4) << "needs a server that checks signatures";
   s3::S3Config good = test_config(srv);
   auto ok = s3::make_s3_storage("s3://" + srv.bucket + "/" + prefix, good);
@@ -405,10 +407,12 @@ void expect_signed_and_wrong_secret_refused(const testutil::S3TestServer& srv,
   auto got = (*ok)->get(key, 100);
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   EXPECT_EQ(*got, body);
-  auto listed = (*ok)->list("", false);
-  ASSERT_TRUE(listed.ok()) << listed.status().to_string();
-  ASSERT_EQ(listed->objects.size(), 1u);
-  EXPECT_EQ(listed->objects[0].key, key);
+  if (list) {
+    auto listed = (*ok)->list("", false);
+    ASSERT_TRUE(listed.ok()) << listed.status().to_string();
+    ASSERT_EQ(listed->objects.size(), 1u);
+    EXPECT_EQ(listed->objects[0].key, key);
+  }
 
   s3::S3Config bad = good;
   bad.creds.secret_access_key = "not-the-secret-XYZZY";
@@ -426,7 +430,7 @@ void expect_signed_and_wrong_secret_refused(const testutil::S3TestServer& srv,
 // characters wrongly: tests/s3/README.md).
 TEST(S3MotoSigV4Auth, WrongSecretIsPermissionDenied) {
   CKPTIO_REQUIRE_S3_SERVER(srv);
-  expect_signed_and_wrong_secret_refused(srv, testutil::s3_test_prefix(), "plain-key.txt");
+  expect_signed_and_wrong_secret_refused(srv, testutil::s3_test_prefix(), "plain-key.txt", /*list=*/false);
 }
 
 // Ceph's radosgw checks every signature as S3 does, so the canonical URI and
@@ -435,7 +439,7 @@ TEST(S3MotoSigV4Auth, WrongSecretIsPermissionDenied) {
 TEST(S3CephAuth, KeysThatNeedEncodingAreSignedAndAWrongSecretIsRefused) {
   CKPTIO_REQUIRE_S3_SERVER(srv);
   expect_signed_and_wrong_secret_refused(srv, testutil::s3_test_prefix() + "p fx+=:,@$&;%ü",
-                                         "k e+y=(!*')~,@$&;%ü/ä.bin");
+                                         "k e+y=(!*')~,@$&;%ü/ä.bin", /*list=*/true);
 }
 
 }  // namespace

@@ -73,7 +73,7 @@ void expect_restored(const RestoredState& r, const std::vector<OwnedLeaf>& want)
 #define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) \
     << "expected \"" << (part) << "\" in: " << (text)
 
-enum class Backend { kMemoryPosix, kMemoryObject, kLocal, kS3Moto };
+enum class Backend { kMemoryPosix, kMemoryObject, kLocal, kS3Moto, kS3Ceph };
 
 std::string backend_name(const ::testing::TestParamInfo<Backend>& info) {
   switch (info.param) {
@@ -81,6 +81,7 @@ std::string backend_name(const ::testing::TestParamInfo<Backend>& info) {
     case Backend::kMemoryObject: return "MemoryObjectStore";
     case Backend::kLocal: return "Local";
     case Backend::kS3Moto: return "Moto";  // tests/s3/s3_servers.cmake starts moto for it
+    case Backend::kS3Ceph: return "Ceph";  // ... and Ceph's radosgw for this one
   }
   return "Unknown";
 }
@@ -100,7 +101,8 @@ class CorruptionTest : public ::testing::TestWithParam<Backend> {
         base_ = *s;
         break;
       }
-      case Backend::kS3Moto: {
+      case Backend::kS3Moto:
+      case Backend::kS3Ceph: {
         auto s = testutil::open_s3_test_store();
         if (s.status().code() == Code::kUnimplemented) GTEST_SKIP() << s.status().to_string();
         ASSERT_TRUE(s.ok()) << s.status().to_string();
@@ -126,7 +128,9 @@ class CorruptionTest : public ::testing::TestWithParam<Backend> {
   std::unique_ptr<CheckpointManager> manager(ManagerOptions o = {}) {
     return std::make_unique<CheckpointManager>(faults_, std::move(o));
   }
-  bool posix_like() const { return GetParam() != Backend::kMemoryObject && GetParam() != Backend::kS3Moto; }
+  bool posix_like() const {
+    return GetParam() != Backend::kMemoryObject && GetParam() != Backend::kS3Moto && GetParam() != Backend::kS3Ceph;
+  }
 
   const ShardRecord& shard_of(const std::string& prefix, const std::string& path) const {
     for (const auto& p : index2_.prefixes)
@@ -520,7 +524,7 @@ TEST_P(CorruptionTest, BadOptionsAreReturnedNotSkippedPastDamage) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, CorruptionTest,
                          ::testing::Values(Backend::kMemoryPosix, Backend::kMemoryObject, Backend::kLocal,
-                                           Backend::kS3Moto),
+                                           Backend::kS3Moto, Backend::kS3Ceph),
                          backend_name);
 
 // ---- Hostile symbolic links inside a step directory (local disk) ----------------

@@ -8,6 +8,8 @@
       the capability table (needs boto3), one column per server.
   probe.py --env A/server.env --bench [--bench-mib 64] [--bench-n 8]
       8 parallel curl PUTs, then GETs, of 64 MiB objects; prints MB/s.
+  probe.py --env A/server.env --latency
+      ms per 3 KB GET on one keep-alive connection and on new connections.
 
 Servers are started with tests/s3/s3-server. Everything here uses path-style
 URLs (http://127.0.0.1:PORT/BUCKET/KEY), as the C++ backend does.
@@ -561,6 +563,31 @@ def bench(env_path, mib, n):
     print(f"{env.get('kind', '?')}: {n} parallel curl x {mib} MiB: PUT {res['PUT']:.0f} MB/s, GET {res['GET']:.0f} MB/s")
 
 
+def latency(env_path, n=20, size=3000):
+    """Milliseconds per small ranged GET, on one keep-alive connection and on
+    a new connection each: a server that delays small responses on reused
+    connections (Nagle's algorithm against the client's delayed ACK) shows
+    ~40 ms in the first figure only."""
+    env = s3lib.read_env(env_path)
+    key = f"/{env['bucket']}/probe-latency-{uuid.uuid4().hex}"
+    r = s3lib.request(env, "PUT", key, body=b"x" * size)
+    if r.status != 200:
+        fail(f"PUT {key}: HTTP {r.status}")
+    u = urllib.parse.urlparse(env["endpoint"])
+    out = {}
+    for mode in ("keep-alive", "new connection"):
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30) if mode == "keep-alive" else None
+        t = time.monotonic()
+        for _ in range(n):
+            r = s3lib.request(env, "GET", key, headers={"Range": f"bytes=0-{size - 1}"}, conn=conn)
+            if r.status != 206:
+                fail(f"GET {key}: HTTP {r.status}")
+        out[mode] = (time.monotonic() - t) / n * 1000
+    s3lib.request(env, "DELETE", key)
+    print(f"{env.get('kind', '?')}: {n} GETs of {size} bytes: {out['keep-alive']:.1f} ms each on one keep-alive "
+          f"connection, {out['new connection']:.1f} ms each on a new connection")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", action="append", required=True, help="STATE_DIR/server.env (repeatable)")
@@ -569,6 +596,8 @@ def main():
     ap.add_argument("--bench", action="store_true", help="curl throughput")
     ap.add_argument("--bench-mib", type=int, default=64)
     ap.add_argument("--bench-n", type=int, default=8)
+    ap.add_argument("--latency", action="store_true",
+                    help="ms per small GET, on one keep-alive connection and on new connections")
     a = ap.parse_args()
     if a.quick:
         for p in a.env:
@@ -576,6 +605,9 @@ def main():
     elif a.bench:
         for p in a.env:
             bench(p, a.bench_mib, a.bench_n)
+    elif a.latency:
+        for p in a.env:
+            latency(p)
     else:
         try:
             import boto3  # noqa: F401

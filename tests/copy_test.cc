@@ -230,6 +230,18 @@ class StrictStorage final : public Storage {
 
 // ---- Fixture -----------------------------------------------------------------------
 
+// Local disk in a new directory under the temporary directory, which `dirs`
+// records for removal.
+std::shared_ptr<Storage> temp_local_storage(const std::string& tag, std::vector<fs::path>& dirs) {
+  static int counter = 0;
+  fs::path dir = fs::temp_directory_path() / (tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  fs::remove_all(dir);
+  dirs.push_back(dir);
+  auto s = make_local_storage(dir.string());
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  return s.ok() ? *s : nullptr;
+}
+
 enum class Kind { kMemPosix, kMemObject, kLocal };
 
 std::string kind_name(Kind k) {
@@ -255,15 +267,7 @@ class CopyTest : public ::testing::TestWithParam<std::tuple<Kind, Kind>> {
     switch (k) {
       case Kind::kMemPosix: return make_memory_storage(true);
       case Kind::kMemObject: return make_memory_storage(false);
-      case Kind::kLocal: {
-        fs::path dir = fs::temp_directory_path() /
-                       ("ckptio-copy-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
-        fs::remove_all(dir);
-        dirs_.push_back(dir);
-        auto s = make_local_storage(dir.string());
-        EXPECT_TRUE(s.ok()) << s.status().to_string();
-        return s.ok() ? *s : nullptr;
-      }
+      case Kind::kLocal: return temp_local_storage("ckptio-copy", dirs_);
     }
     return nullptr;
   }
@@ -297,7 +301,6 @@ class CopyTest : public ::testing::TestWithParam<std::tuple<Kind, Kind>> {
   std::shared_ptr<Storage> src_, dst_base_;
   std::shared_ptr<FaultStorage> dst_;
   std::vector<fs::path> dirs_;
-  static inline int counter_ = 0;
 };
 
 TEST_P(CopyTest, MultiShardStepRestoresBitExactAtTheDestination) {
@@ -806,15 +809,7 @@ class S3CopyTest : public ::testing::TestWithParam<std::string> {
     EXPECT_TRUE(s.ok()) << s.status().to_string();
     return s.ok() ? std::shared_ptr<Storage>(*s) : nullptr;
   }
-  std::shared_ptr<Storage> local() {
-    fs::path dir = fs::temp_directory_path() /
-                   ("ckptio-s3copy-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
-    fs::remove_all(dir);
-    dirs_.push_back(dir);
-    auto s = make_local_storage(dir.string());
-    EXPECT_TRUE(s.ok()) << s.status().to_string();
-    return s.ok() ? *s : nullptr;
-  }
+  std::shared_ptr<Storage> local() { return temp_local_storage("ckptio-s3copy", dirs_); }
   static void save(std::shared_ptr<Storage> s, int64_t step, const std::vector<OwnedLeaf>& state) {
     CheckpointManager m(std::move(s), {});
     auto h = m.save(step, views(state));
@@ -844,7 +839,6 @@ class S3CopyTest : public ::testing::TestWithParam<std::string> {
   testutil::S3TestServer srv_;
   std::string prefix_;
   std::vector<fs::path> dirs_;
-  static inline int counter_ = 0;
 };
 
 TEST_P(S3CopyTest, LocalToS3ToAnotherLocalDirectoryRestoresBitExact) {
@@ -886,16 +880,21 @@ TEST_P(S3CopyTest, BetweenTwoPrefixesTheSecondCopyAllSkipsEverything) {
   ASSERT_NO_FATAL_FAILURE(expect_step(b, 2, s2));
 }
 
+// The shard of model/params.big in `step` of `s`.
+ShardRecord big_shard(std::shared_ptr<Storage> s, int64_t step) {
+  Index idx = CheckpointManager(std::move(s), {}).read_index(step).value();
+  for (const LeafRecord& l : idx.prefixes.at(0).leaves)
+    if (l.path == "params.big") return l.shards.at(0);
+  ADD_FAILURE() << "no params.big in step " << step;
+  return {};
+}
+
 TEST_P(S3CopyTest, DamageAtEitherEndsSourceCommitsNothing) {
   const auto state = s3_state(4);
   auto bucket = s3_at("a");
   ASSERT_NO_FATAL_FAILURE(save(bucket, 5, state));
-  Index idx = CheckpointManager(bucket, {}).read_index(5).value();
-  const ShardRecord* big = nullptr;
-  for (const LeafRecord& l : idx.prefixes[0].leaves)
-    if (l.path == "params.big") big = &l.shards.at(0);
-  ASSERT_NE(big, nullptr);
-  ASSERT_TRUE(flip_byte(*bucket, "run-5/" + big->file, big->offset + big->length / 2).ok());
+  ShardRecord big = big_shard(bucket, 5);
+  ASSERT_TRUE(flip_byte(*bucket, "run-5/" + big.file, big.offset + big.length / 2).ok());
 
   // S3 -> local: refused, nothing at the destination.
   auto dst = local();
@@ -908,10 +907,8 @@ TEST_P(S3CopyTest, DamageAtEitherEndsSourceCommitsNothing) {
   // local -> S3, damaged in the local copy: no object and no upload left in the bucket.
   auto src = local();
   ASSERT_NO_FATAL_FAILURE(save(src, 6, state));
-  Index lidx = CheckpointManager(src, {}).read_index(6).value();
-  for (const LeafRecord& l : lidx.prefixes[0].leaves)
-    if (l.path == "params.big") big = &l.shards.at(0);
-  ASSERT_TRUE(flip_byte(*src, "run-6/" + big->file, big->offset + big->length - 1).ok());
+  big = big_shard(src, 6);
+  ASSERT_TRUE(flip_byte(*src, "run-6/" + big.file, big.offset + big.length - 1).ok());
   auto into = s3_at("b");
   r = copy_step(*src, *into, 6);
   ASSERT_FALSE(r.ok());

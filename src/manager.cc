@@ -353,6 +353,9 @@ Result<SaveHandle> CheckpointManager::save_taken(int64_t step, std::vector<LeafV
   if (!options.metadata_json.empty()) CKPTIO_RETURN_IF_ERROR(check_metadata_json(options.metadata_json));
   if (options.float_dtype && !dtype_is_float(*options.float_dtype))
     return invalid_argument("float_dtype must be a float dtype");
+  if (options.row_band_ways > kMaxRowBandWays)
+    return invalid_argument("row_band_ways must be at most " + std::to_string(kMaxRowBandWays) + ", got " +
+                            std::to_string(options.row_band_ways));
 
   // Wait for a slot: at most max_in_flight saves are queued or running.
   {
@@ -415,6 +418,7 @@ Result<SaveHandle> CheckpointManager::save_taken(int64_t step, std::vector<LeafV
       leaf.dtype = *options.float_dtype;
     }
   }
+  split_row_bands(job->leaves, options.row_band_ways, row_band_min_bytes());
   // Borrow mode writes large shards straight from the caller's memory. A
   // backend that needs aligned data pointers (O_DIRECT) gets their file
   // offsets following their addresses modulo that alignment, so that the

@@ -52,6 +52,12 @@ constexpr uint64_t kBatchBytes = 256ull << 20;
 // most (restore_index).
 constexpr size_t kFirstChunkLeaves = 1024;
 constexpr size_t kMaxChunkLeaves = 16384;
+// Payload per chunk (unless one leaf is larger): on local disk one batch; on
+// object stores, where a chunk is read in file order, large, so that its
+// reads cover long stretches of each data file even where the shards of all
+// leaves interleave (row bands). The leaves of a chunk are allocated when it
+// is planned, which a restore does for every leaf anyway.
+constexpr uint64_t kFileOrderChunkBytes = 64ull << 30;
 
 using Clock = std::chrono::steady_clock;
 
@@ -337,9 +343,10 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
   // flight (a state of 100,000 small leaves spends ~30 ms planning, which
   // otherwise the device would wait for). Chunks double from
   // kFirstChunkLeaves leaves up to kMaxChunkLeaves and hold at most
-  // kBatchBytes of payload (unless one leaf is larger), so that a chunk is
-  // usually one batch; a batch never spans two chunks, nor does a group of
-  // small shards.
+  // kBatchBytes of payload on local disk, kFileOrderChunkBytes on object
+  // stores (unless one leaf is larger), where a chunk's pieces are read in
+  // file order; batches hold at most kBatchBytes; a batch never spans two
+  // chunks, nor does a group of small shards.
   const std::string dir = naming.name(the_step);
   const uint64_t align = std::max<uint64_t>(storage.read_alignment(), 1);
   RestoredState out;
@@ -400,6 +407,8 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
   std::vector<size_t> done_after;  // per batch: the leaves complete once it is verified
   size_t next_leaf = 0;                            // the first leaf not yet planned
   size_t chunk_leaves = kFirstChunkLeaves;
+  const bool file_order = !storage.caps().atomic_rename;  // object stores
+  const uint64_t chunk_max = file_order ? kFileOrderChunkBytes : kBatchBytes;
 
   // Plans the next chunk: one task per shard, groups of small shards, the
   // allocation of the leaves, pieces and batches.
@@ -409,7 +418,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
     uint64_t chunk_bytes = 0;
     for (; next_leaf < selected.size() && next_leaf - leaf_begin < chunk_leaves; ++next_leaf) {
       const auto& [prefix, leaf] = selected[next_leaf];
-      if (next_leaf > leaf_begin && chunk_bytes + leaf->num_bytes() > kBatchBytes) break;  // one batch a chunk
+      if (next_leaf > leaf_begin && chunk_bytes + leaf->num_bytes() > chunk_max) break;
       Tensor t;
       t.prefix = prefix;  // path and shape: moved from the index once the data is in
       t.dtype = leaf->dtype;
@@ -534,6 +543,24 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
       for (uint64_t at = 0; at < t.rec->length; at += kPieceBytes)
         pieces.push_back(Piece{i, at, std::min(kPieceBytes, t.rec->length - at)});
     }
+    // Object stores: in file order, so that a batch holds neighbouring
+    // ranges of a data file, which the store serves with one GET, even where
+    // the file interleaves the shards of many leaves (row bands). Stable: a
+    // shard's pieces keep their order, which its streaming checksum needs.
+    // Local disk keeps leaf order: a request costs little there, and a
+    // batch's scatters then stay within a few leaves (file order measured
+    // ~25% slower on a 2x4-saved step, docs/read-planning.md "Row bands").
+    auto position = [&](const Piece& p) {
+      if (p.group >= 0) {
+        const Group& g = groups[p.group];
+        return std::pair(tasks[g.tasks.front()].file, g.offset);
+      }
+      const ShardTask& t = tasks[p.task];
+      return std::pair(t.file, t.rec->offset + p.at);
+    };
+    if (file_order)
+      std::stable_sort(pieces.begin() + static_cast<std::ptrdiff_t>(piece_begin), pieces.end(),
+                       [&](const Piece& a, const Piece& b) { return position(a) < position(b); });
     for (size_t begin = piece_begin; begin < pieces.size();) {
       size_t end = begin;
       uint64_t bytes = 0;

@@ -24,6 +24,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <tuple>
 
 #include "src/async.h"
 #include "src/box_runs.h"
@@ -237,11 +238,23 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
   keys.reserve(files.size());
   for (const std::string& f : files) keys.push_back(step_dir + "/" + f);
 
-  // Every read in order, cut into batches.
+  // Every read, cut into batches.
   std::vector<ReadRef> refs;
   for (size_t j = 0; j < jobs.size(); ++j)
     for (size_t r = 0; r < jobs[j].plan.reads.size(); ++r)
       refs.push_back(ReadRef{static_cast<uint32_t>(j), static_cast<uint32_t>(r)});
+  // Object stores: in file order, so that the reads of neighbouring leaves
+  // in a data file share a batch and the store serves touching ones with one
+  // GET (with row bands a file interleaves the bands of all its leaves).
+  // Stable: a leaf's reads of one file keep their order, which the streaming
+  // checksums need. Local disk keeps leaf order, as the unsharded restore
+  // (src/restore.cc).
+  if (!storage.caps().atomic_rename)
+    std::stable_sort(refs.begin(), refs.end(), [&](const ReadRef& a, const ReadRef& b) {
+      const PlannedRead& x = jobs[a.leaf].plan.reads[a.read];
+      const PlannedRead& y = jobs[b.leaf].plan.reads[b.read];
+      return std::tie(x.file, x.offset) < std::tie(y.file, y.offset);
+    });
   std::vector<uint64_t> stage_pos(refs.size(), 0);
   std::vector<Batch> batches;
   for (size_t i = 0; i < refs.size();) {

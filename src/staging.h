@@ -108,10 +108,14 @@ struct PlannedFile {
 };
 
 // Shards at increasing offsets from 0: first the leaves held whole (one shard
-// covering the leaf: unsharded and replicated leaves), then the shards of
-// the other leaves, each group in leaf order. So the leaves every process
-// of a resharded restore needs whole lie together at the start of a data
-// file, one contiguous read, instead of between shards most processes skip.
+// covering the leaf: unsharded and replicated leaves), in leaf order; then
+// the shards of the other leaves ordered by where they start along dimension
+// 0, as a fraction of the leaf's size there (ties in leaf, then shard order).
+// So the leaves every process of a resharded restore needs whole lie
+// together at the start of a data file, one contiguous read, instead of
+// between shards most processes skip; and a restore that splits dimension 0
+// finds the parts of all leaves it needs together (with row bands, below,
+// in one range per data file) instead of one range per leaf.
 // Back to back unless the plan was asked for phase alignment (then gaps of
 // unspecified bytes, which the writer fills with zeros, may lie between
 // them).
@@ -144,6 +148,26 @@ constexpr uint64_t kPhaseAlignMinBytes = 1ull << 20;
 // padding, when asked for too, may add < phase_align). 0: one file.
 SavePlan plan_save(const std::vector<LeafView>& leaves, uint64_t phase_align = 0,
                    uint64_t object_bytes = 0, uint64_t file_align = 1);
+
+// Row bands (SaveOptions::row_band_ways, docs/read-planning.md): splits every
+// shard of each leaf not held whole into bands of dimension-0 rows, cut
+// wherever a sharding of that dimension over n devices would cut (XLA's
+// ceil-division tiles, JAX's chunks when n divides the size), for n from 2
+// to `ways`, smaller n first, keeping only cuts that leave every band at
+// least kRowBandMinBytes long. Each band is a shard of its own (the rows of a
+// C-order box are contiguous: its data points into the shard's). With
+// plan_save's order, a restore that splits dimension 0 n ways, n <= ways,
+// reads the bands it needs as one range per data file, and whole, so each
+// one's checksum is checked. Bands stay above the restore's default
+// verify_widen_max_bytes (64 KiB), so a restore that needs part of every
+// band (one splitting another dimension) reads no more than without bands.
+// ways < 2: nothing changes.
+constexpr uint64_t kRowBandMinBytes = 96 << 10;
+constexpr uint32_t kMaxRowBandWays = 64;  // cuts grow as ways^2 / 2
+void split_row_bands(std::vector<LeafView>& leaves, uint32_t ways, uint64_t min_band_bytes = kRowBandMinBytes);
+// The band minimum save() uses: kRowBandMinBytes; tests lower it to band
+// small arrays.
+uint64_t& row_band_min_bytes();
 
 // One write request of a save: a byte range of one data file, written either
 // straight from the caller's memory (`direct`, one shard's bytes) or from a

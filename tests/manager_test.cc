@@ -1561,29 +1561,32 @@ TEST(CrewTest, RunsOnTheCallerAndEveryHelper) {
   }
 }
 
-TEST(SavePlanTest, WholeLeavesFirstThenShardsEachInLeafOrder) {
+TEST(SavePlanTest, WholeLeavesFirstThenShardsByWhereTheyStartInDimensionZero) {
   // Sharded leaves interleaved with whole ones: a resharded restore needs
-  // every whole (replicated) leaf, and finds them together at the start.
+  // every whole (replicated) leaf, and finds them together at the start; then
+  // the shards by the fraction of dimension 0 before them, so that a restore
+  // splitting dimension 0 finds the parts of all leaves it needs together.
   std::vector<std::byte> bytes(64);
   auto whole = [&](std::string path) {
     return LeafView::full("m", std::move(path), DType::kUInt8, {4}, bytes.data());
   };
-  auto halves = [&](std::string path) {
+  auto split = [&](std::string path, int64_t size, int64_t at) {
     LeafView v;
     v.prefix = "m";
     v.path = std::move(path);
     v.dtype = DType::kUInt8;
-    v.shape = {8};
-    v.shards.push_back(ShardView{Box{{0}, {4}}, bytes.data()});
-    v.shards.push_back(ShardView{Box{{4}, {8}}, bytes.data() + 4});
+    v.shape = {size};
+    v.shards.push_back(ShardView{Box{{0}, {at}}, bytes.data()});
+    v.shards.push_back(ShardView{Box{{at}, {size}}, bytes.data() + at});
     return v;
   };
   auto partial = [&](std::string path) {  // one shard of a leaf another process writes the rest of
-    LeafView v = halves(std::move(path));
+    LeafView v = split(std::move(path), 8, 4);
     v.shards.resize(1);
     return v;
   };
-  const std::vector<LeafView> leaves = {halves("a"), whole("b"), partial("c"), whole("d"), halves("e")};
+  const std::vector<LeafView> leaves = {split("a", 8, 4), whole("b"),          partial("c"), whole("d"),
+                                        split("e", 8, 4), split("f", 9, 3),   split("g", 12, 6)};
   const SavePlan plan = plan_save(leaves);
   std::vector<std::pair<size_t, size_t>> order;
   uint64_t pos = 0;
@@ -1593,8 +1596,51 @@ TEST(SavePlanTest, WholeLeavesFirstThenShardsEachInLeafOrder) {
     pos += p.length;
   }
   EXPECT_EQ(plan.total, pos);
-  const std::vector<std::pair<size_t, size_t>> want = {{1, 0}, {3, 0}, {0, 0}, {0, 1}, {2, 0}, {4, 0}, {4, 1}};
+  // Whole: b, d. From 0: a, c, e, f, g. From 1/3: f. From 1/2: a, e, g (a tie: leaf order).
+  const std::vector<std::pair<size_t, size_t>> want = {{1, 0}, {3, 0}, {0, 0}, {2, 0}, {4, 0}, {5, 0},
+                                                       {6, 0}, {5, 1}, {0, 1}, {4, 1}, {6, 1}};
   EXPECT_EQ(order, want);
+}
+
+TEST(SavePlanTest, RowBandsCutShardsWhereSplitsOfDimensionZeroWould) {
+  // 20 rows of 32 KiB; shards [0,10) and [10,20) of 320 KiB; bands of at
+  // least 96 KiB (3 rows). Up to 4 ways: n=2 cuts at 10 (a shard edge), n=3
+  // (tiles of 7) at 7 and 14, n=4 (tiles of 5) at 5, 10, 15. 5 and 15 would
+  // leave bands of 2 and 1 rows beside the 3-way cuts, which win.
+  const int64_t row = 32 << 10;
+  static_assert(kRowBandMinBytes == 3 * (32 << 10));
+  std::vector<std::byte> bytes(20 * row);
+  LeafView big;
+  big.prefix = "m";
+  big.path = "big";
+  big.dtype = DType::kUInt8;
+  big.shape = {20, row};
+  big.shards.push_back(ShardView{Box{{0, 0}, {10, row}}, bytes.data()});
+  big.shards.push_back(ShardView{Box{{10, 0}, {20, row}}, bytes.data() + 10 * row});
+  LeafView small = big;  // shards too small for two bands stay whole
+  small.path = "small";
+  small.shape = {20, 4096};
+  small.shards = {ShardView{Box{{0, 0}, {10, 4096}}, bytes.data()},
+                  ShardView{Box{{10, 0}, {20, 4096}}, bytes.data()}};
+  LeafView whole = LeafView::full("m", "whole", DType::kUInt8, {20, row}, bytes.data());  // not sharded
+  std::vector<LeafView> leaves = {big, small, whole};
+
+  std::vector<LeafView> same = leaves;
+  split_row_bands(same, 1);
+  EXPECT_EQ(same[0].shards.size(), 2u);
+
+  split_row_bands(leaves, 4);
+  std::vector<std::pair<int64_t, int64_t>> rows;
+  for (const ShardView& s : leaves[0].shards) {
+    rows.emplace_back(s.box.start[0], s.box.stop[0]);
+    EXPECT_EQ(s.box.start[1], 0);
+    EXPECT_EQ(s.box.stop[1], row);
+    EXPECT_EQ(s.data, bytes.data() + s.box.start[0] * row) << s.box.start[0];
+  }
+  const std::vector<std::pair<int64_t, int64_t>> want = {{0, 7}, {7, 10}, {10, 14}, {14, 20}};
+  EXPECT_EQ(rows, want);
+  EXPECT_EQ(leaves[1].shards.size(), 2u);
+  EXPECT_EQ(leaves[2].shards.size(), 1u);
 }
 
 TEST(WriteRangesTest, CoverTheFileInOrderOnUnitBoundaries) {

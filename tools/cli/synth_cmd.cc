@@ -241,6 +241,7 @@ struct SaveCmd {
   std::string staging = "copy";
   bool overwrite = false;
   bool json = false;
+  uint32_t row_band_ways = SaveOptions{}.row_band_ways;
   ShardingArgs sharding;
 };
 
@@ -249,7 +250,7 @@ int run_save(const GlobalOptions& g, const SaveCmd& o) {
   if (o.sharding.any())
     return run_sharded_save(g, o.sharding,
                             ShardedSaveArgs{o.uri, o.step, target, o.leaves, o.seed, o.staging == "borrow",
-                                            o.overwrite, o.json});
+                                            o.overwrite, o.json, o.row_band_ways});
   if (o.leaves < 1 || o.leaves > synth::kMaxLeaves)
     fail(kExitUsage, "--leaves must be in [1, " + std::to_string(synth::kMaxLeaves) + "]");
   ManagerOptions mo = manager_options(g);
@@ -274,6 +275,7 @@ int run_save(const GlobalOptions& g, const SaveCmd& o) {
   SaveOptions so;
   so.metadata_json = synth_metadata_json(o.seed, target, o.leaves, total);
   so.overwrite = o.overwrite;
+  so.row_band_ways = o.row_band_ways;
   SaveStats stats;
   {
     Storage& storage = m->storage();
@@ -420,6 +422,11 @@ void add_synth(CLI::App& app, const GlobalOptions& g, Command* run) {
   save->add_flag("--overwrite", s->overwrite, "Replace a committed step");
   save->add_flag("--json", s->json, "Print the save's figures as JSON");
   add_sharding_options(save, s->sharding);
+  save->add_option("--row-band-ways", s->row_band_ways,
+                   "Store each sharded leaf's shards as bands of rows cut where a split of dimension 0 "
+                   "over 2..N devices would cut, so that such a restore reads one range per data file "
+                   "(docs/read-planning.md; e.g. 8; default 0: one piece per shard)")
+      ->check(CLI::Range(0, 64));
   save->add_option("--barrier-timeout", s->sharding.barrier_timeout,
                    "Seconds the processes wait for each other before the save fails (default 600)")
       ->check(CLI::PositiveNumber);

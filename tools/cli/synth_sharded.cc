@@ -249,6 +249,7 @@ Json save_process(const GlobalOptions& g, const Sharding& s, const ShardedSaveAr
   meta["synth"]["processes"] = s.processes;
   so.metadata_json = meta.dump();
   so.overwrite = a.overwrite;
+  so.row_band_ways = a.row_band_ways;
   const auto t0 = Clock::now();
   auto h = m->save(a.step, views, so);
   const double stall = since(t0);

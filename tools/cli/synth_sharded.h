@@ -30,6 +30,7 @@ struct ShardedSaveArgs {
   bool borrow = false;
   bool overwrite = false;
   bool json = false;
+  uint32_t row_band_ways = SaveOptions{}.row_band_ways;
 };
 
 struct ShardedCheckArgs {

@@ -52,11 +52,11 @@ constexpr uint64_t kBatchBytes = 256ull << 20;
 // most (restore_index).
 constexpr size_t kFirstChunkLeaves = 1024;
 constexpr size_t kMaxChunkLeaves = 16384;
-// Payload per chunk (unless one leaf is larger): on local disk one batch; on
-// object stores, where a chunk is read in file order, large, so that its
-// reads cover long stretches of each data file even where the shards of all
-// leaves interleave (row bands). The leaves of a chunk are allocated when it
-// is planned, which a restore does for every leaf anyway.
+// Payload per chunk (unless one leaf is larger): one batch, or, where a
+// chunk is read in file order (below), large, so that its reads cover long
+// stretches of each data file even where the shards of all leaves
+// interleave (row bands). The leaves of a chunk are allocated when it is
+// planned, which a restore does for every leaf anyway.
 constexpr uint64_t kFileOrderChunkBytes = 64ull << 30;
 
 using Clock = std::chrono::steady_clock;
@@ -343,10 +343,10 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
   // flight (a state of 100,000 small leaves spends ~30 ms planning, which
   // otherwise the device would wait for). Chunks double from
   // kFirstChunkLeaves leaves up to kMaxChunkLeaves and hold at most
-  // kBatchBytes of payload on local disk, kFileOrderChunkBytes on object
-  // stores (unless one leaf is larger), where a chunk's pieces are read in
-  // file order; batches hold at most kBatchBytes; a batch never spans two
-  // chunks, nor does a group of small shards.
+  // kBatchBytes of payload, or kFileOrderChunkBytes where a chunk's pieces
+  // are read in file order (unless one leaf is larger); batches hold at most
+  // kBatchBytes; a batch never spans two chunks, nor does a group of small
+  // shards.
   const std::string dir = naming.name(the_step);
   const uint64_t align = std::max<uint64_t>(storage.read_alignment(), 1);
   RestoredState out;
@@ -407,7 +407,12 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
   std::vector<size_t> done_after;  // per batch: the leaves complete once it is verified
   size_t next_leaf = 0;                            // the first leaf not yet planned
   size_t chunk_leaves = kFirstChunkLeaves;
-  const bool file_order = !storage.caps().atomic_rename;  // object stores
+  // Object stores, for steps whose leaves were saved in several pieces each
+  // (shards of several processes, row bands): there leaf order scatters a
+  // batch over the data files. A step of whole leaves lies in leaf order.
+  size_t selected_shards = 0;
+  for (const auto& sel : selected) selected_shards += sel.second->shards.size();
+  const bool file_order = !storage.caps().atomic_rename && selected_shards > selected.size();
   const uint64_t chunk_max = file_order ? kFileOrderChunkBytes : kBatchBytes;
 
   // Plans the next chunk: one task per shard, groups of small shards, the
@@ -543,13 +548,14 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
       for (uint64_t at = 0; at < t.rec->length; at += kPieceBytes)
         pieces.push_back(Piece{i, at, std::min(kPieceBytes, t.rec->length - at)});
     }
-    // Object stores: in file order, so that a batch holds neighbouring
-    // ranges of a data file, which the store serves with one GET, even where
-    // the file interleaves the shards of many leaves (row bands). Stable: a
-    // shard's pieces keep their order, which its streaming checksum needs.
-    // Local disk keeps leaf order: a request costs little there, and a
-    // batch's scatters then stay within a few leaves (file order measured
-    // ~25% slower on a 2x4-saved step, docs/read-planning.md "Row bands").
+    // In file order (object stores, steps of leaves in several pieces), so
+    // that a batch holds neighbouring ranges of a data file, which the store
+    // serves with one GET, even where the file interleaves the shards of
+    // many leaves (row bands). Stable: a shard's pieces keep their order,
+    // which its streaming checksum needs. Local disk keeps leaf order: a
+    // request costs little there, and a batch's scatters then stay within a
+    // few leaves (file order measured ~25% slower on a 2x4-saved step,
+    // docs/read-planning.md "Row bands").
     auto position = [&](const Piece& p) {
       if (p.group >= 0) {
         const Group& g = groups[p.group];

@@ -59,6 +59,7 @@ std::vector<int64_t> box_key(const Box& b) {
 // One selected leaf: where its boxes go and how they are read.
 struct LeafJob {
   std::string name;  // "model/params.w"
+  std::string spec;  // its target PartitionSpec, for messages
   const LeafRecord* rec = nullptr;
   SavedLeaf saved;
   std::vector<Box> targets;         // the distinct boxes of the local devices
@@ -181,10 +182,58 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
       t.device_shards.push_back(DeviceShard{db.device_id, db.box, Buffer()});
     }
     job.saved = saved_leaf_from_record(*rec, &files);
+    job.spec = spec.to_string();
     auto plan = plan_reads(job.saved, job.targets, po);
-    if (!plan.ok()) return plan.status().annotate("restore " + job.name + " into " + spec.to_string());
+    if (!plan.ok()) return plan.status().annotate("restore " + job.name + " into " + job.spec);
     job.plan = std::move(*plan);
+    out->leaves.push_back(std::move(t));
+    jobs.push_back(std::move(job));
+  }
 
+  // A leaf's plan bridges gaps of up to max_gap between its own needed
+  // ranges, blind to the other leaves: where a data file interleaves the
+  // pieces of several leaves (shards of one process sorted by where they
+  // start, row bands), such a gap may hold another leaf's needed bytes,
+  // which that leaf's plan reads again. Leaves whose reads overlap another
+  // leaf's are planned again without gaps; on object stores the bridging
+  // between reads below then joins neighbours within its allowance.
+  if (po.max_gap > 0) {
+    struct Span {
+      uint32_t file;
+      uint64_t begin, end;
+      size_t leaf;
+      bool operator<(const Span& o) const { return std::tie(file, begin) < std::tie(o.file, o.begin); }
+    };
+    std::vector<Span> spans;
+    for (size_t j = 0; j < jobs.size(); ++j)
+      for (const PlannedRead& r : jobs[j].plan.reads) spans.push_back({r.file, r.offset, r.offset + r.length, j});
+    std::sort(spans.begin(), spans.end());
+    std::vector<bool> replan(jobs.size(), false);
+    for (size_t k = 1, reach = 0; k < spans.size(); ++k) {  // reach: the span reaching furthest so far
+      if (spans[reach].file != spans[k].file) {
+        reach = k;
+        continue;
+      }
+      if (spans[k].begin < spans[reach].end && spans[k].leaf != spans[reach].leaf)
+        replan[spans[k].leaf] = replan[spans[reach].leaf] = true;
+      if (spans[k].end > spans[reach].end) reach = k;
+    }
+    PlanOptions exact = po;
+    exact.max_gap = 0;
+    size_t replanned = 0;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      if (!replan[j]) continue;
+      auto plan = plan_reads(jobs[j].saved, jobs[j].targets, exact);
+      if (!plan.ok()) return plan.status().annotate("restore " + jobs[j].name + " into " + jobs[j].spec);
+      jobs[j].plan = std::move(*plan);
+      ++replanned;
+    }
+    if (replanned > 0)
+      spdlog::debug("ckptio: {} of {} leaves planned again without gaps (their reads overlapped other leaves')",
+                    replanned, jobs.size());
+  }
+
+  for (LeafJob& job : jobs) {
     // Buffers placed so that reads landing in them directly keep the file
     // offset's phase modulo the read alignment.
     std::vector<uint64_t> phase(job.targets.size(), 0);
@@ -226,8 +275,6 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
     out->stats.bytes_needed += job.plan.stats.bytes_needed;
     out->stats.bytes_read += job.plan.stats.bytes_read;
     out->stats.requests += job.plan.stats.requests;
-    out->leaves.push_back(std::move(t));
-    jobs.push_back(std::move(job));
   }
   if (out->stats.pieces_unverified > 0)
     spdlog::debug("ckptio: restore of step {} into a sharding: {} saved shards read only in part ({} bytes), "

@@ -178,6 +178,11 @@ struct RowFraction {
   }
 };
 
+// One shard covering the leaf: unsharded and replicated leaves.
+bool held_whole(const LeafView& leaf) {
+  return leaf.shards.size() == 1 && leaf.shards[0].box.extent() == leaf.shape;
+}
+
 RowFraction row_fraction(const LeafView& leaf, const ShardView& shard) {
   if (leaf.shape.empty() || leaf.shape[0] <= 0 || shard.box.start.empty()) return {};
   return {static_cast<uint64_t>(shard.box.start[0]), static_cast<uint64_t>(leaf.shape[0])};
@@ -193,15 +198,12 @@ SavePlan plan_save(const std::vector<LeafView>& leaves, uint64_t phase_align, ui
   // The leaves held whole first, in leaf order; then the shards of the other
   // leaves by where they start along dimension 0 (stable: leaf order, then
   // shard order, among equals).
-  auto whole = [](const LeafView& leaf) {
-    return leaf.shards.size() == 1 && leaf.shards[0].box.extent() == leaf.shape;
-  };
   std::vector<std::pair<size_t, size_t>> order;  // (leaf, shard)
   for (size_t l = 0; l < leaves.size(); ++l)
-    if (whole(leaves[l])) order.emplace_back(l, 0);
+    if (held_whole(leaves[l])) order.emplace_back(l, 0);
   const size_t first_sharded = order.size();
   for (size_t l = 0; l < leaves.size(); ++l)
-    if (!whole(leaves[l]))
+    if (!held_whole(leaves[l]))
       for (size_t s = 0; s < leaves[l].shards.size(); ++s) order.emplace_back(l, s);
   std::stable_sort(order.begin() + static_cast<std::ptrdiff_t>(first_sharded), order.end(),
                    [&](const auto& a, const auto& b) {
@@ -247,7 +249,7 @@ void split_row_bands(std::vector<LeafView>& leaves, uint32_t ways, uint64_t min_
   std::vector<ShardView> out;
   for (LeafView& leaf : leaves) {
     if (leaf.shape.empty() || leaf.shape[0] < 2) continue;
-    if (leaf.shards.size() == 1 && leaf.shards[0].box.extent() == leaf.shape) continue;  // held whole
+    if (held_whole(leaf)) continue;
     const int64_t rows = leaf.shape[0];
     // XLA's ceil-division tiles (JAX's chunks when n divides the rows), the
     // splits into fewer devices first: they win when cuts crowd.

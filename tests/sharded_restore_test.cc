@@ -387,9 +387,10 @@ TEST_P(ShardedRestore, RowBandsLetASplitOfDimensionZeroReadWholeCheckedPiecesInF
                                     make_array("params.c", DType::kBFloat16, {100, 32768}, 53)};
   const NamedSharding saved_as = sharding("a=2,b=4", {{"a"}, {"b"}});
   const std::vector<NamedSharding> all(arrays.size(), saved_as);
-  SaveOptions bands;
-  bands.row_band_ways = 8;
-  ASSERT_NO_FATAL_FAILURE(save(1, arrays, all));  // the default: one piece per shard
+  SaveOptions plain, bands;
+  plain.row_band_ways = 0;  // one piece per shard
+  ASSERT_EQ(bands.row_band_ways, 8u);  // the default
+  ASSERT_NO_FATAL_FAILURE(save(1, arrays, all, plain));
   ASSERT_NO_FATAL_FAILURE(save(2, arrays, all, bands));
   row_band_min_bytes() = 1;  // bands of any size
   ASSERT_NO_FATAL_FAILURE(save(3, arrays, all, bands));

@@ -153,19 +153,19 @@ struct SaveOptions {
   // eformer's float_dtype: float leaves are stored as this dtype.
   std::optional<DType> float_dtype;
   // Layout for restores into other shardings (docs/read-planning.md, "Row
-  // bands"). With N >= 2, each shard of a leaf that is not saved whole is
-  // stored as bands of rows, cut along dimension 0 wherever a sharding of
-  // that dimension over n devices would cut it, for every n from 2 to N (at
-  // most 64; XLA's ceil-division tiles, JAX's chunks when n divides the
-  // size; bands of at least 96 KiB), and a data file holds its bands ordered
-  // by where they start in their leaves. A restore that splits dimension 0 n
-  // ways (n <= N) then reads one range per data file instead of one per
-  // leaf, and whole pieces, so every byte it delivers is checked. Costs
-  // index entries (up to ~11 per shard of 1/8 of a leaf at 8) and some
-  // throughput of full restores from local disk (more, smaller pieces; object
-  // stores read them in file order). 0 or 1 (the default): one piece per
+  // bands"). With N >= 2 (the default is 8), each shard of a leaf that is
+  // not saved whole is stored as bands of rows, cut along dimension 0
+  // wherever a sharding of that dimension over n devices would cut it, for
+  // every n from 2 to N (at most 64; XLA's ceil-division tiles, JAX's chunks
+  // when n divides the size; bands of at least 96 KiB), and a data file
+  // holds its bands ordered by where they start in their leaves. A restore
+  // that splits dimension 0 n ways (n <= N) then reads one range per data
+  // file instead of one per leaf, and whole pieces, so every byte it
+  // delivers is checked. Leaves saved whole (every leaf of a one-device
+  // save) are never cut. Costs index entries (up to ~11 per shard of 1/8 of
+  // a leaf at 8; bytes, files and format unchanged). 0 or 1: one piece per
   // shard.
-  uint32_t row_band_ways = 0;
+  uint32_t row_band_ways = 8;
 };
 
 // A save in progress. Copyable; all copies see the same save.

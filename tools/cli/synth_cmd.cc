@@ -425,7 +425,7 @@ void add_synth(CLI::App& app, const GlobalOptions& g, Command* run) {
   save->add_option("--row-band-ways", s->row_band_ways,
                    "Store each sharded leaf's shards as bands of rows cut where a split of dimension 0 "
                    "over 2..N devices would cut, so that such a restore reads one range per data file "
-                   "(docs/read-planning.md; e.g. 8; default 0: one piece per shard)")
+                   "(docs/read-planning.md; default 8; 0: one piece per shard)")
       ->check(CLI::Range(0, 64));
   save->add_option("--barrier-timeout", s->sharding.barrier_timeout,
                    "Seconds the processes wait for each other before the save fails (default 600)")

@@ -52,6 +52,114 @@ def _json_out(text):
     return json.loads(text[i:])
 
 
+def _group_pids(pgid):
+    """The processes of process group pgid (a server started in a session of its own)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            f = _proc_stat(d)
+            if f and int(f[2]) == pgid:
+                out.append(d)
+    return out
+
+
+def _proc_stat(pid):
+    try:
+        with open("/proc/%s/stat" % pid) as f:
+            st = f.read()
+    except OSError:
+        return None
+    return st[st.rindex(")") + 2:].split()
+
+
+def _cpu_ticks(pids):
+    """(the pids' utime + stime, all threads; the machine's busy ticks: all but idle and iowait)."""
+    server = 0
+    for pid in pids or ():
+        f = _proc_stat(pid)
+        if f:
+            server += int(f[11]) + int(f[12])
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return server, sum(v) - v[3] - v[4]
+
+
+class CpuMeter:
+    """The CPU a phase used, in cores (CPU seconds per second of wall time):
+    by a server (every process of its process group, all threads: utime +
+    stime from /proc/PID/stat) and by the whole machine (/proc/stat). The
+    profile that says whether a server or the machine was the limit.
+    Resolution: one clock tick (10 ms)."""
+
+    def __init__(self, pgid=None):
+        self.pids = _group_pids(pgid) if pgid is not None else None
+        self.result = {}
+
+    def __enter__(self):
+        self._t0 = time.monotonic()
+        self._c0 = _cpu_ticks(self.pids)
+        return self
+
+    def __exit__(self, *exc):
+        dt = time.monotonic() - self._t0
+        c1 = _cpu_ticks(self.pids)
+        hz = os.sysconf("SC_CLK_TCK")
+        if dt > 0:
+            self.result = {"machine_cores": (c1[1] - self._c0[1]) / hz / dt}
+            if self.pids:
+                self.result["server_cores"] = (c1[0] - self._c0[0]) / hz / dt
+        return False
+
+
+class CpuSampler:
+    """CpuMeter for a window known only afterwards (a phase inside another
+    process): samples the ticks every `period` seconds on time.monotonic(),
+    which is CLOCK_MONOTONIC, the clock of ckptio's steady_clock; cores(t0, t1)
+    then reads them for any window, interpolating between samples."""
+
+    def __init__(self, pgid=None, period=0.02):
+        import threading
+        self.pids = _group_pids(pgid) if pgid is not None else None
+        self.period = period
+        self.samples = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while True:
+            self.samples.append((time.monotonic(),) + _cpu_ticks(self.pids))
+            if self._stop.wait(self.period):
+                self.samples.append((time.monotonic(),) + _cpu_ticks(self.pids))
+                return
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        return False
+
+    def _at(self, t, i):
+        s = self.samples
+        for k in range(1, len(s)):
+            if s[k][0] >= t:
+                a, b = s[k - 1], s[k]
+                return a[i] + (b[i] - a[i]) * (t - a[0]) / (b[0] - a[0]) if b[0] > a[0] else b[i]
+        return s[-1][i]
+
+    def cores(self, t0, t1):
+        """{"server_cores", "machine_cores"} for [t0, t1], or {} if not sampled."""
+        if len(self.samples) < 2 or t1 <= t0 or t0 < self.samples[0][0] or t1 > self.samples[-1][0]:
+            return {}
+        hz = os.sysconf("SC_CLK_TCK")
+        out = {"machine_cores": (self._at(t1, 2) - self._at(t0, 2)) / hz / (t1 - t0)}
+        if self.pids:
+            out["server_cores"] = (self._at(t1, 1) - self._at(t0, 1)) / hz / (t1 - t0)
+        return out
+
+
 def fsync_tree(root):
     """fsync every file and directory under root (files first), then root's parent."""
     for d, dirs, files in os.walk(root, topdown=False):
@@ -123,9 +231,11 @@ def fio_all(workdir, size, drop):
 # ---- ckptio ------------------------------------------------------------------
 
 def ckptio_bench(exe, uri, size, staging, leaves=None, env=None, global_args=(), warmup=1,
-                 fresh=True, timeout=3600):
+                 fresh=True, timeout=3600, server_pgid=None):
     """One `ckptio bench` (one timed save after `warmup` warm-up saves, a restore
-    into warm buffers and, with fresh, one into fresh memory). Its JSON."""
+    into warm buffers and, with fresh, one into fresh memory). Its JSON; with
+    server_pgid, the warm restore's CPU profile as restore_*_cores (CpuSampler
+    over the window the run reports)."""
     args = [exe] + list(global_args) + ["bench", "--uri", uri, "--bytes", str(size),
                                         "--staging", staging, "--repeat", "1",
                                         "--warmup", str(warmup), "--json"]
@@ -133,12 +243,21 @@ def ckptio_bench(exe, uri, size, staging, leaves=None, env=None, global_args=(),
         args += ["--leaves", str(leaves)]
     if not fresh:
         args += ["--no-fresh-restore"]
-    p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+    sampler = CpuSampler(server_pgid) if server_pgid is not None else None
+    if sampler:
+        with sampler:
+            p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+    else:
+        p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
     if not p.stdout.strip().startswith("{"):
         raise ContenderError("ckptio bench exited %d: %s" % (p.returncode, p.stderr.strip()[-800:]))
     b = json.loads(p.stdout)
     if not b.get("verified"):
         raise ContenderError("ckptio bench did not verify its restore: %s" % b.get("error"))
+    run = (b.get("runs") or [{}])[0]
+    if sampler and run.get("restore_started_monotonic_s"):
+        t0 = run["restore_started_monotonic_s"]
+        b.update({"restore_" + k: v for k, v in sampler.cores(t0, t0 + run["restore_seconds"]).items()})
     return b
 
 
@@ -299,10 +418,11 @@ class _MemWriter(io.RawIOBase):
         return n
 
 
-def boto3_roundtrip(env, arena, dest):
+def boto3_roundtrip(env, arena, dest, server_pgid=None):
     """upload_fileobj then download_fileobj of the whole state as one object
     (boto3's best case: every part in parallel), max_concurrency 10, 16 MiB
-    parts; the download goes into a warm buffer and is compared afterwards."""
+    parts; the download goes into a warm buffer and is compared afterwards.
+    The download's CPU profile (CpuMeter) comes back as restore_*_cores."""
     import boto3
     import botocore.config
     from boto3.s3.transfer import TransferConfig
@@ -318,21 +438,25 @@ def boto3_roundtrip(env, arena, dest):
     t0 = time.perf_counter()
     s3.upload_fileobj(_MemReader(arena), env["bucket"], key, Config=cfg)
     up = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    s3.download_fileobj(env["bucket"], key, _MemWriter(dest), Config=cfg)
-    down = time.perf_counter() - t0
+    with CpuMeter(server_pgid) as meter:
+        t0 = time.perf_counter()
+        s3.download_fileobj(env["bucket"], key, _MemWriter(dest), Config=cfg)
+        down = time.perf_counter() - t0
     try:
         s3.delete_object(Bucket=env["bucket"], Key=key)
     except Exception:  # noqa: BLE001 - cleanup only
         pass
     if not np.array_equal(arena, dest[:n]):
         raise ContenderError("boto3: downloaded object differs from the upload")
-    return {"save_gbps": n / up / 1e9, "restore_gbps": n / down / 1e9}
+    out = {"save_gbps": n / up / 1e9, "restore_gbps": n / down / 1e9}
+    out.update({"restore_" + k: v for k, v in meter.result.items()})
+    return out
 
 
-def curl_parallel(env, total_bytes, n=8):
+def curl_parallel(env, total_bytes, n=8, server_pgid=None):
     """n parallel curl PUTs of total_bytes/n each from tmpfs, then n GETs to
-    /dev/null: the server's ceiling for this many connections."""
+    /dev/null: the server's ceiling for this many connections. The GETs' CPU
+    profile (CpuMeter) comes back as restore_*_cores."""
     import urllib.parse
     sys.path.insert(0, os.path.join(ROOT, "tests", "s3"))
     import s3lib
@@ -364,13 +488,16 @@ def curl_parallel(env, total_bytes, n=8):
         for method in ("PUT", "GET"):
             cmds = [cmd(method, "o%d" % i, ["-T", src, "-H", "Expect:"] if method == "PUT" else [])
                     for i in range(n)]
-            t0 = time.perf_counter()
-            procs = [subprocess.Popen(c, stderr=subprocess.PIPE) for c in cmds]
-            errs = [p.communicate()[1] for p in procs]
-            dt = time.perf_counter() - t0
+            with CpuMeter(server_pgid) as meter:
+                t0 = time.perf_counter()
+                procs = [subprocess.Popen(c, stderr=subprocess.PIPE) for c in cmds]
+                errs = [p.communicate()[1] for p in procs]
+                dt = time.perf_counter() - t0
             if any(p.returncode for p in procs):
                 raise ContenderError("curl %s failed: %s" % (method, b" ".join(errs)[-400:].decode(errors="replace")))
             res["save_gbps" if method == "PUT" else "restore_gbps"] = n * part / dt / 1e9
+            if method == "GET":
+                res.update({"restore_" + k: v for k, v in meter.result.items()})
     finally:
         for i in range(n):
             try:

@@ -48,6 +48,26 @@ def best_fio(runs, rw):
 
 # ---- targets -------------------------------------------------------------------
 
+def cores(r, who):
+    """Median (server, machine) cores of who's restores, or Nones (CpuMeter)."""
+    return med(r.get(who + "_restore_server_cores")), med(r.get(who + "_restore_machine_cores"))
+
+
+def above_ceiling(res, r, what):
+    """A note when 1.5x boto3 is above what the server gave 8 parallel curl
+    requests in this run: then no client could meet that target here."""
+    b, c = med(r.get("boto3_" + what)), med(r.get("curl_" + what))
+    if b is None or c is None or 1.5 * b <= c:
+        return ""
+    note = "; 1.5× boto3 (%.3f GB/s) is above this server's ceiling in this run (8 curl %s: %.3f GB/s" % (
+        1.5 * b, "GETs" if what == "restore" else "PUTs", c)
+    sc, mc = cores(r, "curl")
+    if what == "restore" and sc is not None and mc is not None:
+        note += ", while the server used %.2f cores and the machine %.2f of %s" % (
+            sc, mc, res.get("machine", {}).get("nproc", "?"))
+    return note + ")"
+
+
 def targets(res):
     out = []
 
@@ -75,9 +95,10 @@ def targets(res):
             med(r.get("numpy_load")), 1, note="both into fresh memory")
     for kind, sec in sorted((res.get("s3") or {}).items()):
         r = runs_of(sec)
-        add("S3 " + kind, "ckptio save ÷ boto3 upload_fileobj", med(r.get("ckptio_save")), med(r.get("boto3_save")), 1.5)
+        add("S3 " + kind, "ckptio save ÷ boto3 upload_fileobj", med(r.get("ckptio_save")), med(r.get("boto3_save")), 1.5,
+            note=above_ceiling(res, r, "save").lstrip("; "))
         add("S3 " + kind, "ckptio restore ÷ boto3 download_fileobj", med(r.get("ckptio_restore")),
-            med(r.get("boto3_restore")), 1.5, note="both into warm buffers")
+            med(r.get("boto3_restore")), 1.5, note="both into warm buffers" + above_ceiling(res, r, "restore"))
         add("S3 " + kind, "ckptio save ÷ 8 parallel curl PUTs", med(r.get("ckptio_save")), med(r.get("curl_save")), 0.7)
         add("S3 " + kind, "ckptio restore ÷ 8 parallel curl GETs", med(r.get("ckptio_restore")),
             med(r.get("curl_restore")), 0.7)
@@ -224,6 +245,19 @@ def markdown(res, plots, method=True):
                              ("curl", "8 parallel curl PUT / GET (ceiling)")):
                 L.append("| %s %s, %d rep(s) | %s | %s | %s |" % (kind, size_name(sec["bytes"]), sec["repeat"], label,
                                                                fmt(r.get(p + "_save"), 3), fmt(r.get(p + "_restore"), 3)))
+        prof = []
+        for kind, sec in sorted(res["s3"].items()):
+            r = runs_of(sec)
+            for p, label in (("ckptio", "ckptio restore (warm buffers)"), ("boto3", "boto3 download_fileobj"),
+                             ("curl", "8 parallel curl GETs")):
+                sc, mc = cores(r, p)
+                if sc is not None and mc is not None:
+                    prof.append("| %s | %s | %s | %.2f | %.2f |" % (kind, label, fmt(r.get(p + "_restore"), 3), sc, mc))
+        if prof:
+            L += ["", "Where the restores' time went (CPU seconds per second of each download, median: the server's "
+                  "processes, all threads, from /proc/PID/stat, and the whole machine's %s cores, from /proc/stat; "
+                  "`CpuMeter` and, for ckptio's restore inside `ckptio bench`, `CpuSampler` over the window the bench reports, in bench/contenders.py):" % res.get("machine", {}).get("nproc", "?"), "",
+                  "| server | restore | GB/s | server cores | machine cores |", "|---|---|---|---|---|"] + prof
         L.append("")
 
     pts = stall_points(res)
@@ -383,6 +417,12 @@ METHOD = """## How this is measured
   whole state as one object (boto3's best case: all parts in parallel; `TransferConfig(multipart_chunksize
   =16 MiB, max_concurrency=10)`), downloading into a preallocated buffer; 8 parallel `curl` PUTs
   then GETs of 1/8 of the bytes each, from tmpfs to /dev/null: what the server takes at best.
+  The restores' CPU profile: CPU seconds per second of the server's processes (its process group,
+  all threads) and of the whole machine, around boto3's download and curl's GETs, and over the
+  window of ckptio's warm restore (`ckptio bench --json` reports `restore_started_monotonic_s`,
+  sampled every 20 ms on the same clock). A server near one core busy (s3rver's single node.js
+  thread) or a machine near all its cores is the limit. Where 1.5× boto3 is above what the server
+  served the parallel curl requests, the target row says so: no client could meet it there.
 - **Training stall**: the time a training loop calling `save()` is blocked per save. Borrow mode
   hands the caller's buffers to the writer (the loop must not mutate them until the save commits:
   JAX arrays are immutable); copy mode copies them into the staging pool first; a synchronous save

@@ -9,6 +9,7 @@
 #include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -421,6 +422,15 @@ TEST_F(CliTest, BenchReportsItsFiguresAndCleansUp) {
   EXPECT_GT(b["peak_rss_bytes"].get<uint64_t>(), 0u);
   ASSERT_EQ(b["runs"].size(), 2u);
   EXPECT_NE(b["runs"][0]["step"], b["runs"][1]["step"]);
+  // Each run says when its restore began on CLOCK_MONOTONIC (bench/run-all
+  // profiles the server's CPU over that window): before now, after the first.
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const double first = b["runs"][0]["restore_started_monotonic_s"].get<double>();
+  const double second = b["runs"][1]["restore_started_monotonic_s"].get<double>();
+  EXPECT_GT(first, 0);
+  EXPECT_GT(second, first);
+  EXPECT_LT(second, static_cast<double>(now.tv_sec) + now.tv_nsec * 1e-9);
   json ls = run_json({"ls", dir_, "--json"});
   EXPECT_TRUE(ls.empty()) << "bench left steps behind: " << ls.dump();
 

@@ -1032,16 +1032,24 @@ Status CheckpointManager::gc(const GcOptions& options) {
     }
     // Object stores: remove data objects no committed index references
     // (failed attempts, replaced steps). Steps without an index are dead
-    // attempts (or saves in progress elsewhere) and go whole.
-    if (storage_->caps().atomic_rename) continue;
+    // attempts (or saves in progress elsewhere) and go whole. POSIX: a
+    // committed directory came whole from one rename, but a multi-process
+    // save's coordinator killed between that rename and removing the
+    // processes' manifests leaves them there: anything but the index and
+    // data files goes (the index is read only when something else is there).
+    auto objs = storage_->list(d.name + "/", false);
+    if (!objs.ok()) { note(objs.status()); continue; }
+    const bool posix = storage_->caps().atomic_rename;
+    if (posix && std::all_of(objs->objects.begin(), objs->objects.end(), [&](const ListEntry& o) {
+          return o.key == index_key(d.name) || o.key.starts_with(d.name + "/data-");
+        }))
+      continue;
     auto index = impl_->load_index(d.name);
     if (!index.ok()) continue;  // damaged: leave it for a human
-    if (!index->has_value() && live(d.name + "/")) continue;
+    if (!index->has_value() && (posix || live(d.name + "/"))) continue;  // POSIX: not ours; leave it
     std::set<std::string> referenced;
     if (index->has_value())
       for (const auto& f : (*index)->files) referenced.insert(d.name + "/" + f.name);
-    auto objs = storage_->list(d.name + "/", false);
-    if (!objs.ok()) { note(objs.status()); continue; }
     for (const auto& o : objs->objects) {
       if (o.key == index_key(d.name) || referenced.count(o.key) || recent(o.modified_unix_ns)) continue;
       if (!in_flight_here(o.key)) note(storage_->remove(o.key));

@@ -321,16 +321,22 @@ TEST_P(ManagerTest, GcWithMinAgeLeavesALiveSaveElsewhereAndRemovesOldLeftovers) 
   // stores, data under a step prefix that has no index.
   const std::string dead = base_->caps().atomic_rename ? "run-3.tmp-00000000deadbeef/data-00000000deadbeef-0.bin"
                                                         : "run-3/data-00000000deadbeef-0.bin";
+  // And in a committed step, a manifest of a multi-process save whose
+  // coordinator was killed after the commit, before removing it.
+  const std::string manifest = "run-2/manifest-00000000deadbeef-p1.json";
   const std::string bytes = "left by a killed saver";
   ASSERT_TRUE(base_->put(dead, std::as_bytes(std::span(bytes))).ok());
+  ASSERT_TRUE(base_->put(manifest, std::as_bytes(std::span(bytes))).ok());
   auto exists = [&] { return base_->stat(dead).ok(); };
   ASSERT_TRUE(other->gc(GcOptions{1.0}).ok());
   EXPECT_TRUE(exists()) << "a leftover younger than min_age was removed";
+  EXPECT_TRUE(base_->stat(manifest).ok()) << "a manifest younger than min_age was removed";
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));
   ASSERT_TRUE(other->gc(GcOptions{1.0}).ok());
   EXPECT_FALSE(exists()) << "a leftover older than min_age was kept";
+  EXPECT_FALSE(base_->stat(manifest).ok()) << "a committed step's stray manifest was kept";
   EXPECT_EQ(other->gc(GcOptions{-1}).code(), Code::kInvalidArgument);
-  // Committed steps are never gc's business.
+  // The committed steps themselves stay whole.
   r = saver->restore(std::nullopt);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   expect_restored(*r, state2);

@@ -6,8 +6,10 @@
 //   1. data files are written under <step>.tmp-<attempt>/ and made durable
 //      (WritableObject::finish = fsync) by the caller;
 //   2. put(<stage>/ckptio_index.json): write a temporary, fsync, rename, fsync
-//      the directory;
-//   3. sync(<stage>): fsync the stage directory (all data file names);
+//      the directory; this may run while the data files are still being
+//      written (a stage directory is never discoverable as a step);
+//   3. sync(<stage>): fsync the stage directory (all data file names), once
+//      steps 1 and 2 are done;
 //   4. rename(<stage>, <step>) with RENAME_NOREPLACE, or RENAME_EXCHANGE when
 //      overwriting (the old step moves to the stage name in the same atomic
 //      step, so there is no moment without a complete step), then fsync the
@@ -57,8 +59,7 @@ Status commit_attempt(Storage& storage, const AttemptPaths& paths, const std::st
 
 Status stage_index(Storage& storage, const AttemptPaths& paths, const std::string& index_json) {
   if (!paths.renames) return Status::OK();
-  CKPTIO_RETURN_IF_ERROR(storage.put(index_key(paths.stage_dir), as_bytes(index_json)));
-  return storage.sync(paths.stage_dir + "/");
+  return storage.put(index_key(paths.stage_dir), as_bytes(index_json));
 }
 
 Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
@@ -96,6 +97,7 @@ Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::s
                         "back: " + there.status().to_string() + "); its data is left for gc");
   }
 
+  CKPTIO_RETURN_IF_ERROR(storage.sync(paths.stage_dir + "/").annotate("commit " + paths.final_dir));
   Status renamed = storage.rename(paths.stage_dir + "/", paths.final_dir + "/", RenameMode::kNoReplace);
   bool exchanged = false;
   if (renamed.code() == Code::kAlreadyExists && overwrite) {

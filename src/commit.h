@@ -30,11 +30,12 @@ AttemptPaths plan_attempt(const Storage& storage, const std::string& final_dir, 
 Status commit_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
                       bool overwrite, bool* outcome_unknown = nullptr);
 
-// commit_attempt in two halves, for a caller that checks the index while it
-// is being written: stage_index writes it where no reader looks yet (POSIX:
-// into the stage directory, made durable; an object store: nothing, since
-// there writing the index is the commit), publish_attempt makes the step
-// visible.
+// commit_attempt in two halves, for a caller that writes the index while the
+// data is still being written and checks it meanwhile: stage_index writes it
+// where no reader looks yet (POSIX: into the stage directory, made durable;
+// an object store: nothing, since there writing the index is the commit);
+// publish_attempt, once every data object is durable and the index staged,
+// makes the stage directory's names durable and the step visible.
 Status stage_index(Storage& storage, const AttemptPaths& paths, const std::string& index_json);
 Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
                        bool overwrite, bool* outcome_unknown = nullptr);

@@ -64,6 +64,26 @@ Shape Box::extent() const {
   return e;
 }
 
+bool Box::is_whole(const Shape& shape) const {
+  if (start.size() != shape.size() || stop.size() != shape.size()) return false;
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (start[i] != 0 || stop[i] != shape[i]) return false;
+  return true;
+}
+
+std::optional<uint64_t> checked_num_bytes(const Box& box, size_t itemsize) {
+  if (box.stop.size() != box.start.size()) return std::nullopt;
+  uint64_t n = itemsize;
+  for (size_t i = 0; i < box.start.size(); ++i) {
+    int64_t d;
+    if (__builtin_sub_overflow(box.stop[i], box.start[i], &d) || d < 0) return std::nullopt;
+    uint64_t r;
+    if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &r)) return std::nullopt;
+    n = r;
+  }
+  return n;
+}
+
 std::optional<uint64_t> checked_num_bytes(const Shape& shape, size_t itemsize) {
   uint64_t n = itemsize;
   for (int64_t d : shape) {

@@ -41,12 +41,17 @@ struct Box {
   static Box whole(const Shape& shape);
   size_t rank() const { return start.size(); }
   Shape extent() const;  // stop - start per dimension
+  // Whether the box is [0, shape) in every dimension (no allocation).
+  bool is_whole(const Shape& shape) const;
   bool operator==(const Box&) const = default;
 };
 
 // Number of elements of a shape, or nullopt if a dimension is negative or
 // the product (times itemsize, when given) overflows 64 bits.
 std::optional<uint64_t> checked_num_bytes(const Shape& shape, size_t itemsize = 1);
+// The same for a box's extent (stop - start), without building it: nullopt
+// also when a stop lies before its start or the ranks differ.
+std::optional<uint64_t> checked_num_bytes(const Box& box, size_t itemsize = 1);
 
 // Shape as "[2, 3]" for messages.
 std::string shape_to_string(const Shape& s);

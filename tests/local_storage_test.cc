@@ -23,7 +23,6 @@
 #include <vector>
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -588,59 +587,6 @@ TEST_F(LocalStorageTest, PutReplacesAtomicallyAndGetLimits) {
   EXPECT_EQ(torn.load(), 0);
 }
 
-// Pages of a file in the page cache (mincore over a mapping of it).
-size_t cached_pages(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return SIZE_MAX;
-  struct stat st{};
-  ::fstat(fd, &st);
-  const size_t size = static_cast<size_t>(st.st_size), page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (map == MAP_FAILED) return SIZE_MAX;
-  std::vector<unsigned char> vec((size + page - 1) / page);
-  size_t n = SIZE_MAX;
-  if (::mincore(map, size, vec.data()) == 0) {
-    n = 0;
-    for (unsigned char v : vec) n += v & 1;
-  }
-  ::munmap(map, size);
-  return n;
-}
-
-// A large put (a 100,000-leaf index is 27 MB) goes around the page cache
-// (O_DIRECT through a bounce buffer, any address and length); a small one
-// and direct_io "off" through it. Either way the bytes read back exactly.
-TEST_F(LocalStorageTest, LargePutBypassesPageCache) {
-  const size_t size = 3 * kMiB + 4096 + 5;
-  std::string big(size, '\0');
-  for (size_t i = 0; i < size; ++i) big[i] = static_cast<char>(std::to_integer<unsigned char>(pattern(i, 7)));
-  const std::string_view odd = std::string_view(big).substr(3);  // an unaligned start and length
-  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(odd.data()), odd.size());
-  for (const char* direct : {"auto", "off"}) {
-    SCOPED_TRACE(direct);
-    auto s = open(opts(direct, "", 0, 0));
-    ASSERT_TRUE(s);
-    ASSERT_TRUE(s->put("big/index.json", bytes).ok());
-    const std::string path = dir_ + "/root/big/index.json";
-    const size_t cached = cached_pages(path);  // before get() reads it through the cache
-    ASSERT_NE(cached, SIZE_MAX) << std::strerror(errno);
-    if (std::string(direct) == "auto") {
-      EXPECT_EQ(cached, 0u) << "the large put went through the page cache";
-    } else {
-      EXPECT_GT(cached, 0u) << "mincore cannot tell: the check above would prove nothing";
-    }
-    EXPECT_EQ(fs::file_size(path), odd.size());
-    auto back = s->get("big/index.json", size);
-    ASSERT_TRUE(back.ok()) << back.status().to_string();
-    EXPECT_TRUE(*back == odd) << "the bytes differ";
-    std::vector<std::string> names;
-    for (auto& e : fs::directory_iterator(dir_ + "/root/big")) names.push_back(e.path().filename());
-    EXPECT_EQ(names, std::vector<std::string>{"index.json"});  // no temporary left
-    ASSERT_TRUE(s->remove_prefix("big/").ok());
-  }
-}
-
 TEST_F(LocalStorageTest, ListHasS3Semantics) {
   auto s = open();
   ASSERT_TRUE(s);
@@ -846,11 +792,6 @@ TEST_F(LocalStorageTest, FileSystemRefusingODirect) {
   expect_pattern(back.data() + 1, size - 3, 3);
   auto on = open(opts("on", "direct", 0, 0));
   EXPECT_EQ(on->read(reqs).code(), Code::kUnimplemented);
-  // A large put (O_DIRECT where taken) falls back to buffered writes here.
-  const std::string big(2 * kMiB + 3, 'b');
-  ASSERT_TRUE(s->put("ram/index.json", bytes_of(big)).ok());
-  EXPECT_EQ(*s->get("ram/index.json", big.size()), big);
-  EXPECT_EQ(std::distance(fs::directory_iterator(ram), fs::directory_iterator()), 2);  // x.bin, index.json
 }
 
 // ---- measurements (run by hand; see the file comment) ------------------------

@@ -1,12 +1,8 @@
 #include "backends/local/fs.h"
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
-#include <new>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -76,35 +72,6 @@ Status write_fully(int fd, std::span<const std::byte> data, uint64_t offset, con
     if (n == 0) return io_error("write " + path + ": wrote 0 bytes");
     done += static_cast<size_t>(n);
   }
-  return Status::OK();
-}
-
-bool dio_fits(int fd) {
-  struct statx sx{};
-  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) != 0) return true;
-  if (!(sx.stx_mask & STATX_DIOALIGN)) return true;  // not reported: trust open()
-  return sx.stx_dio_offset_align != 0 && sx.stx_dio_offset_align <= kDirectAlign &&
-         sx.stx_dio_mem_align <= kDirectAlign;
-}
-
-Status write_fully_direct(int fd, std::span<const std::byte> data, const std::string& path) {
-  // 1 MiB: small enough that its memory is likely warm (a fresh page costs
-  // far more than the copy on some VMs), large enough for the disk.
-  constexpr size_t kBounce = 1u << 20;
-  struct Free {
-    void operator()(std::byte* p) const { std::free(p); }
-  };
-  std::unique_ptr<std::byte, Free> buf(static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, kBounce)));
-  if (!buf) throw std::bad_alloc();
-  for (uint64_t at = 0; at < data.size(); at += kBounce) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(kBounce, data.size() - at));
-    const size_t padded = (n + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-    std::memcpy(buf.get(), data.data() + at, n);
-    std::memset(buf.get() + n, 0, padded - n);
-    CKPTIO_RETURN_IF_ERROR(write_fully(fd, {buf.get(), padded}, at, path));
-  }
-  if (data.size() % kDirectAlign != 0 && ::ftruncate(fd, static_cast<off_t>(data.size())) != 0)
-    return Status::from_errno(errno, "truncate " + path + " to " + std::to_string(data.size()) + " bytes");
   return Status::OK();
 }
 

@@ -44,15 +44,6 @@ Status fsync_dir(const std::string& path);
 
 // pwrite()s all of `data` at `offset`, retrying short writes and EINTR.
 Status write_fully(int fd, std::span<const std::byte> data, uint64_t offset, const std::string& path);
-// The alignment of every O_DIRECT offset, length and address here.
-inline constexpr uint64_t kDirectAlign = 4096;
-// True when the file can take kDirectAlign-aligned O_DIRECT I/O (statx
-// DIOALIGN, when the kernel and file system report it; else open() decided).
-bool dio_fits(int fd);
-// Writes all of `data` at offset 0 of `fd`, opened with O_DIRECT, through an
-// aligned bounce buffer (so `data` may lie anywhere): whole blocks, the last
-// one padded with zeros, then the file is truncated to data.size().
-Status write_fully_direct(int fd, std::span<const std::byte> data, const std::string& path);
 // pread()s exactly `len` bytes; a file that ends early is kDataLoss.
 Status read_fully(int fd, std::byte* dst, uint64_t len, uint64_t offset, const std::string& path);
 

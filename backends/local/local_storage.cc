@@ -6,11 +6,6 @@
 //                 the key, fsync the key's directory. Readers see the old or
 //                 the new file, never a mix; after put() returns, a power cut
 //                 keeps the new file. Any error unlinks the temporary.
-//                 Objects of kDirectPutMinBytes or more (a 100,000-leaf
-//                 index is 27 MB) are written with O_DIRECT where the file
-//                 system takes it (direct_io not "off"): the page cache's
-//                 fresh pages cost more than the disk on some machines
-//                 (measured: README "Many small leaves").
 //   put_new(key): the same with renameat2(RENAME_NOREPLACE): EEXIST is
 //                 kAlreadyExists (and the key's file is left as it was).
 //   directories:  make_dirs() fsyncs the parent of every directory it creates,
@@ -51,7 +46,6 @@ constexpr uint64_t kDefaultRequestSize = 8ull << 20;
 constexpr uint32_t kDefaultQueueDepth = 32;
 constexpr ReadMode kDefaultReadMode = ReadMode::kDirect;
 constexpr unsigned kPreadHelpers = 2;  // plus the calling thread
-constexpr uint64_t kDirectPutMinBytes = 1ull << 20;  // put(): O_DIRECT from here up
 
 std::string parent_of(std::string_view key) {
   size_t slash = key.rfind('/');
@@ -120,22 +114,9 @@ Status LocalStorage::put(const std::string& key, std::span<const std::byte> data
   CKPTIO_RETURN_IF_ERROR(make_dirs(root_, dir));
   const std::string path = join_path(root_, key);
   const std::string temp = temp_path_for(path);
-  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
-  int fd = -1;
-  bool direct = false;
-  if (data.size() >= kDirectPutMinBytes && writer_options_.direct != DirectIo::kOff) {
-    fd = ::open(temp.c_str(), flags | O_DIRECT, 0644);
-    direct = fd >= 0 && dio_fits(fd);
-    if (fd < 0 && errno != EINVAL) return Status::from_errno(errno, "create " + path);
-    if (!direct) {  // refused: a refused O_DIRECT open may have created the file
-      if (fd >= 0) ::close(fd);
-      ::unlink(temp.c_str());
-      fd = -1;
-    }
-  }
-  if (fd < 0) fd = ::open(temp.c_str(), flags, 0644);
+  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Status::from_errno(errno, "create " + path);
-  Status st = direct ? write_fully_direct(fd, data, path) : write_fully(fd, data, 0, path);
+  Status st = write_fully(fd, data, 0, path);
   if (st.ok() && ::fsync(fd) != 0) st = Status::from_errno(errno, "fsync " + path);
   if (::close(fd) != 0 && st.ok()) st = Status::from_errno(errno, "close " + path);
   if (st.ok() && replace && ::rename(temp.c_str(), path.c_str()) != 0)

@@ -36,6 +36,8 @@ namespace ckptio::local {
 
 namespace {
 
+constexpr uint64_t kDirectAlign = 4096;
+
 class LocalWriter final : public WritableObject {
  public:
   LocalWriter(std::shared_ptr<Ring> ring, std::string path, std::string temp, int fd, bool direct,
@@ -191,6 +193,16 @@ void LocalWriter::abort() {
   }
   ::close(fd_);
   ::unlink(temp_.c_str());
+}
+
+// True when the file can take 4096-aligned O_DIRECT I/O (statx DIOALIGN, when
+// the kernel and file system report it).
+bool dio_fits(int fd) {
+  struct statx sx{};
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) != 0) return true;
+  if (!(sx.stx_mask & STATX_DIOALIGN)) return true;  // not reported: trust open()
+  return sx.stx_dio_offset_align != 0 && sx.stx_dio_offset_align <= kDirectAlign &&
+         sx.stx_dio_mem_align <= kDirectAlign;
 }
 
 }  // namespace

@@ -53,7 +53,10 @@ struct SaveStats {
   uint64_t bytes = 0;         // payload bytes written (after casts)
   double stall_seconds = 0;   // time save() blocked the caller
   double write_seconds = 0;   // first byte staged to data durable
-  double commit_seconds = 0;  // index written to step visible
+  // Data durable to step visible: what of the index's write and read-back
+  // did not fit in the data's drain (a single-process save does both then),
+  // and the publish (POSIX: directory fsync, rename; S3: the index PUT).
+  double commit_seconds = 0;
   double total_seconds = 0;   // save() call to commit
 };
 

@@ -284,13 +284,17 @@ TEST_P(ManagerTest, GcWithMinAgeLeavesALiveSaveElsewhereAndRemovesOldLeftovers) 
   ASSERT_TRUE(saver->save(1, views(state1)).value().wait().ok());
 
   // Stop the saver at the moment its data is complete and its commit begins:
-  // the index put (object stores and POSIX both write it before anything else
-  // of the commit).
+  // on object stores the index put (made after every data object); on POSIX
+  // the fsync of the stage directory that publishing starts with (there a
+  // single-process save stages its index while the data still drains).
   std::promise<void> reached, go;
   std::shared_future<void> go_f = go.get_future().share();
   std::atomic<bool> armed{true};
+  const bool posix = base_->caps().atomic_rename;
   faults_->set_hook([&](FaultOp op, const std::string& key) {
-    if (op == FaultOp::kPut && key.find(kIndexFileName) != std::string::npos && armed.exchange(false)) {
+    const bool commit_begins = posix ? op == FaultOp::kSync && key.find(".tmp-") != std::string::npos
+                                     : op == FaultOp::kPut && key.find(kIndexFileName) != std::string::npos;
+    if (commit_begins && armed.exchange(false)) {
       reached.set_value();
       go_f.wait();
     }

@@ -768,7 +768,8 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
       b.index.committed_unix_ns = unix_ns_now();
       json = serialize_index(b.index);
       auto stage = [&] { return stage_index(storage, job.paths, json); };
-      std::future<Status> staging = try_async(stage);
+      std::future<Status> staging;  // (object stores stage nothing: the index PUT is the commit)
+      if (job.paths.renames) staging = try_async(stage);
       auto check = parse_index(json);
       Status staged = staging.valid() ? staging.get() : stage();
       if (!check.ok()) return say(check.status().annotate("internal: serialized index fails to parse"));

@@ -10,8 +10,8 @@
 
 #include "ckptio/index.h"
 #include "ckptio/manager.h"
-#include "src/crc32c.h"
-#include "src/index_readers.h"
+#include "src/util/crc32c.h"
+#include "src/index/index_readers.h"
 
 namespace ckptio {
 namespace {

@@ -313,7 +313,7 @@ def markdown(res, plots, method=True):
                 fmt(r.get("ckptio_save")), fmt(r.get("ckptio_restore")), fmt(r.get("ckptio_restore_fresh")),
                 "%.2f" % (rs / bs) if rs and bs else "—", "%.2f" % (rr / br) if rr and br else "—"))
         L += ["", "Where many small leaves still lose time (the index, save()'s own work, the grouped reads of "
-              "small shards), profiled, and old against new binary: [README, Many small leaves](../README.md#many-small-leaves).", ""]
+              "small shards), profiled, and old against new binary: [history, Many small leaves](benchmarks/history.md#many-small-leaves).", ""]
 
     if "processes" in res:
         pr = res["processes"]

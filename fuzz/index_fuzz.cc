@@ -1,4 +1,4 @@
-// Fuzzes the index parser (src/index.cc, contract in docs/format.md).
+// Fuzzes the index parser (src/index/index.cc, contract in docs/format.md).
 //
 // Properties checked on every input:
 //   - parse_index never crashes, hangs, leaks or trips a sanitizer;
@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "ckptio/index.h"
-#include "src/index_readers.h"
+#include "src/index/index_readers.h"
 
 namespace {
 

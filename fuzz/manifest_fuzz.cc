@@ -1,4 +1,4 @@
-// Fuzzes the manifest reader of multi-process save (src/manifest.cc,
+// Fuzzes the manifest reader of multi-process save (src/save/manifest.cc,
 // docs/multiprocess.md): the coordinator reads N manifests other processes
 // wrote to shared storage, so each is outside data.
 //
@@ -19,7 +19,7 @@
 #include <string>
 #include <string_view>
 
-#include "src/manifest.h"
+#include "src/save/manifest.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
-// Fuzzes the partition rules and spec readers (src/sharding_json.cc,
-// src/sharding_rules.cc): a --rules file and specs are user input.
+// Fuzzes the partition rules and spec readers (src/sharding/json.cc,
+// src/sharding/rules.cc): a --rules file and specs are user input.
 //
 // Properties checked on every input (any violation aborts):
 //   - PartitionRules::from_json and parse_partition_spec_json never crash,

@@ -1,5 +1,5 @@
 // Fuzzes the storage seam's key rules (check_storage_key and
-// check_storage_prefix, include/ckptio/storage.h; src/storage_keys.cc). Keys
+// check_storage_prefix, include/ckptio/storage.h; src/storage/storage_keys.cc). Keys
 // come from listings of outside stores (an S3 bucket anyone may write to, a
 // directory) and from index files, and every backend trusts these two
 // functions to keep them inside the store's root.

@@ -18,13 +18,15 @@
 #include <tuple>
 #include <vector>
 
+#include "testutil/owned_leaves.h"
 #include "testutil/random_bytes.h"
 #include "backends/local/local_storage.h"
+#include "backends/fault/fault_storage.h"
 #include "backends/memory/memory_storage.h"
 #include "backends/s3/s3_storage.h"
 #include "ckptio/ckptio.h"
-#include "src/copy.h"
-#include "src/crc32c.h"
+#include "src/copy/copy.h"
+#include "src/util/crc32c.h"
 #include "testutil/s3_server.h"
 #include "testutil/s3_store.h"
 
@@ -35,19 +37,11 @@ namespace fs = std::filesystem;
 
 // ---- States --------------------------------------------------------------------
 
-struct OwnedLeaf {
-  std::string prefix, path;
-  DType dtype;
-  Shape shape;
-  std::vector<std::byte> bytes;
-};
-
+using testutil::expect_restored;
+using testutil::make_leaf;
+using testutil::OwnedLeaf;
 using testutil::random_bytes;
-
-OwnedLeaf make_leaf(std::string prefix, std::string path, DType dtype, Shape shape, uint64_t seed) {
-  size_t n = checked_num_bytes(shape, dtype_size(dtype)).value();
-  return OwnedLeaf{std::move(prefix), std::move(path), dtype, std::move(shape), random_bytes(n, seed)};
-}
+using testutil::views;
 
 // A state of a few hundred KiB: many chunks at the tests' small chunk size.
 std::vector<OwnedLeaf> sample_state(uint64_t seed) {
@@ -59,12 +53,6 @@ std::vector<OwnedLeaf> sample_state(uint64_t seed) {
   s.push_back(make_leaf("tx", "opt_state.count", DType::kInt32, {}, seed + 5));
   s.push_back(make_leaf("tx", "opt_state.mu.kernel", DType::kFloat32, {1000, 33}, seed + 6));
   return s;
-}
-
-std::vector<LeafView> views(const std::vector<OwnedLeaf>& leaves) {
-  std::vector<LeafView> v;
-  for (const auto& l : leaves) v.push_back(LeafView::full(l.prefix, l.path, l.dtype, l.shape, l.bytes.data()));
-  return v;
 }
 
 // A 60x50 float32 leaf saved as a 2x2 grid of uneven shards; returns the
@@ -89,21 +77,6 @@ LeafView grid_leaf(std::vector<float>& full, std::vector<std::vector<float>>& pa
                  {{{40, 0}, {60, 13}}, parts[2].data()},
                  {{{40, 13}, {60, 50}}, parts[3].data()}};
   return leaf;
-}
-
-void expect_restored(const RestoredState& r, const std::vector<OwnedLeaf>& want) {
-  ASSERT_EQ(r.leaves.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    const Tensor& t = r.leaves[i];
-    EXPECT_EQ(t.prefix, want[i].prefix);
-    EXPECT_EQ(t.path, want[i].path);
-    EXPECT_EQ(t.dtype, want[i].dtype);
-    EXPECT_EQ(t.shape, want[i].shape);
-    ASSERT_EQ(t.data.size(), want[i].bytes.size()) << t.path;
-    if (!want[i].bytes.empty()) {
-      EXPECT_EQ(std::memcmp(t.data.data(), want[i].bytes.data(), want[i].bytes.size()), 0) << t.path;
-    }
-  }
 }
 
 // ---- Raw objects ------------------------------------------------------------------

@@ -20,9 +20,10 @@
 
 #include "backends/local/fs.h"
 #include "backends/local/local_storage.h"
-#include "backends/memory/memory_storage.h"
+#include "backends/fault/fault_storage.h"
 #include "ckptio/ckptio.h"
-#include "testutil/random_bytes.h"
+#include "testutil/backend_fixture.h"
+#include "testutil/owned_leaves.h"
 #include "testutil/s3_store.h"
 
 namespace ckptio {
@@ -30,17 +31,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct OwnedLeaf {
-  std::string prefix, path;
-  DType dtype;
-  Shape shape;
-  std::vector<std::byte> bytes;
-};
-
-OwnedLeaf make_leaf(std::string prefix, std::string path, DType dtype, Shape shape, uint64_t seed) {
-  size_t n = checked_num_bytes(shape, dtype_size(dtype)).value();
-  return OwnedLeaf{std::move(prefix), std::move(path), dtype, std::move(shape), testutil::random_bytes(n, seed)};
-}
+using testutil::Backend;
+using testutil::OwnedLeaf;
+using testutil::expect_restored;
+using testutil::make_leaf;
+using testutil::views;
 
 // Small leaves (read in groups) and one large leaf (read on its own).
 std::vector<OwnedLeaf> sample_state(uint64_t seed) {
@@ -53,64 +48,24 @@ std::vector<OwnedLeaf> sample_state(uint64_t seed) {
   return s;
 }
 
-std::vector<LeafView> views(const std::vector<OwnedLeaf>& leaves) {
-  std::vector<LeafView> v;
-  for (const auto& l : leaves) v.push_back(LeafView::full(l.prefix, l.path, l.dtype, l.shape, l.bytes.data()));
-  return v;
-}
-
-void expect_restored(const RestoredState& r, const std::vector<OwnedLeaf>& want) {
-  ASSERT_EQ(r.leaves.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_EQ(r.leaves[i].data.size(), want[i].bytes.size()) << want[i].path;
-    if (!want[i].bytes.empty())
-      EXPECT_EQ(std::memcmp(r.leaves[i].data.data(), want[i].bytes.data(), want[i].bytes.size()), 0)
-          << want[i].path;
-  }
-}
-
 // Expects `text` to contain `part`.
 #define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) \
     << "expected \"" << (part) << "\" in: " << (text)
 
-enum class Backend { kMemoryPosix, kMemoryObject, kLocal, kS3Moto, kS3Ceph };
-
-std::string backend_name(const ::testing::TestParamInfo<Backend>& info) {
-  switch (info.param) {
-    case Backend::kMemoryPosix: return "MemoryPosix";
-    case Backend::kMemoryObject: return "MemoryObjectStore";
-    case Backend::kLocal: return "Local";
-    case Backend::kS3Moto: return "Moto";  // tests/s3/s3_servers.cmake starts moto for it
-    case Backend::kS3Ceph: return "Ceph";  // ... and Ceph's radosgw for this one
-  }
-  return "Unknown";
-}
-
-class CorruptionTest : public ::testing::TestWithParam<Backend> {
+// base_, faults_ over it, dir_ for the local backend: testutil/backend_fixture.h.
+// Moto and Ceph: the run's S3 test server (testutil/s3_store.h); without one
+// the tests skip, or fail in CI.
+class CorruptionTest : public testutil::BackendTest {
  protected:
+  CorruptionTest() : BackendTest("ckptio-corrupt-") {}
+  Result<std::shared_ptr<Storage>> open_remote(Backend) override {
+    auto s = testutil::open_s3_test_store();
+    if (!s.ok()) return s.status();
+    return std::shared_ptr<Storage>(*s);
+  }
   void SetUp() override {
-    switch (GetParam()) {
-      case Backend::kMemoryPosix: base_ = make_memory_storage(true); break;
-      case Backend::kMemoryObject: base_ = make_memory_storage(false); break;
-      case Backend::kLocal: {
-        dir_ = fs::temp_directory_path() / ("ckptio-corrupt-" + std::to_string(::getpid()) + "-" +
-                                            std::to_string(counter_++));
-        fs::remove_all(dir_);
-        auto s = make_local_storage(dir_.string());
-        ASSERT_TRUE(s.ok()) << s.status().to_string();
-        base_ = *s;
-        break;
-      }
-      case Backend::kS3Moto:
-      case Backend::kS3Ceph: {
-        auto s = testutil::open_s3_test_store();
-        if (s.status().code() == Code::kUnimplemented) GTEST_SKIP() << s.status().to_string();
-        ASSERT_TRUE(s.ok()) << s.status().to_string();
-        base_ = *s;
-        break;
-      }
-    }
-    faults_ = make_fault_storage(base_);
+    BackendTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     m_ = manager();
     ASSERT_TRUE(m_->save(1, views(s1_)).value().wait().ok());
     ASSERT_TRUE(m_->save(2, views(s2_)).value().wait().ok());
@@ -121,9 +76,6 @@ class CorruptionTest : public ::testing::TestWithParam<Backend> {
     file_ = index2_.files[0].name;
     key_ = "run-2/" + file_;
     where_ = m_->storage().describe() + "/run-2/";
-  }
-  void TearDown() override {
-    if (!dir_.empty()) fs::remove_all(dir_);
   }
   std::unique_ptr<CheckpointManager> manager(ManagerOptions o = {}) {
     return std::make_unique<CheckpointManager>(faults_, std::move(o));
@@ -222,13 +174,9 @@ class CorruptionTest : public ::testing::TestWithParam<Backend> {
   }
 
   std::vector<OwnedLeaf> s1_ = sample_state(100), s2_ = sample_state(200);
-  std::shared_ptr<Storage> base_;
-  std::shared_ptr<FaultStorage> faults_;
   std::unique_ptr<CheckpointManager> m_;
   Index index2_;
   std::string file_, key_, where_;  // step 2's data file, its key, "<base>/run-2/"
-  fs::path dir_;
-  static inline int counter_ = 0;
 };
 
 TEST_P(CorruptionTest, FlippedBitInDataIsNamedAndSkipped) {
@@ -296,7 +244,7 @@ TEST_P(CorruptionTest, TruncatedDataFileIsNamedAndSkipped) {
 }
 
 // A restore of many small leaves plans them in chunks, the later ones while
-// the first are read (src/restore.cc): damage in a late chunk is still
+// the first are read (src/restore/restore.cc): damage in a late chunk is still
 // named exactly, by its checksum and by a short read, and a repaired step
 // restores bit-exact.
 TEST_P(CorruptionTest, DamageAmongManySmallLeavesIsNamed) {
@@ -522,10 +470,7 @@ TEST_P(CorruptionTest, BadOptionsAreReturnedNotSkippedPastDamage) {
       << "a template mismatch on step 2 itself must not skip it: " << r.status().message();
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, CorruptionTest,
-                         ::testing::Values(Backend::kMemoryPosix, Backend::kMemoryObject, Backend::kLocal,
-                                           Backend::kS3Moto, Backend::kS3Ceph),
-                         backend_name);
+INSTANTIATE_TEST_SUITE_P(Backends, CorruptionTest, testutil::all_backends(), testutil::backend_name);
 
 // ---- Hostile symbolic links inside a step directory (local disk) ----------------
 

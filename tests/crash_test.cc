@@ -38,7 +38,7 @@
 // interleaving of a rerun differs; the seed reproduces the plan.
 //
 // Power-loss torture (PowerLossTest): saves go through the fault-injecting
-// backend (backends/memory/fault_storage.cc) over memory; at a random
+// backend (backends/fault/fault_storage.cc) over memory; at a random
 // operation the "machine" stops (every later operation fails), then
 // drop_unsynced() discards everything that was not durable, and a restarted
 // manager must find the newest step whose save reported success, or a newer
@@ -66,6 +66,7 @@
 #include <string>
 #include <thread>
 
+#include "backends/fault/fault_storage.h"
 #include "backends/memory/memory_storage.h"
 #include "ckptio/ckptio.h"
 #include "testutil/fork_safety.h"
@@ -194,7 +195,7 @@ struct TortureTarget {
 // server behind the fault proxy.
 StorageOptions checker_storage(const TortureTarget& t) {
   StorageOptions o = t.storage;
-  if (!t.check_endpoint.empty()) o.s3.endpoint = t.check_endpoint;
+  if (!t.check_endpoint.empty()) o.get<S3Options>().endpoint = t.check_endpoint;
   return o;
 }
 
@@ -736,7 +737,7 @@ void s3_kill_torture(const testutil::S3TestServer& srv, const char* name, int ki
   TortureTarget t;
   t.name = name;
   t.uri = "s3://" + srv.bucket + "/" + prefix;
-  t.storage.s3.part_size = 5ull << 20;  // the S3 minimum: multipart from 5 MiB
+  t.storage.get<S3Options>().part_size = 5ull << 20;  // the S3 minimum: multipart from 5 MiB
   t.keep = env_int("CKPTIO_TORTURE_KEEP", 3);
   t.chunk_size = 5ull << 20;
   t.small_leaf = 64 << 10;                 // ~128 KiB: one PutObject
@@ -783,8 +784,8 @@ TEST(S3MotoChaosCrashTest, SigkillUnderFaultsNeverExposesPartialStep) {
   TortureTarget t;
   t.name = "s3 under faults";
   t.uri = "s3://" + srv.bucket + "/" + prefix;
-  t.storage.s3.part_size = 5ull << 20;
-  t.storage.s3.retry_base_s = 0.02;  // retries sooner: more lives in the time
+  t.storage.get<S3Options>().part_size = 5ull << 20;
+  t.storage.get<S3Options>().retry_base_s = 0.02;  // retries sooner: more lives in the time
   t.keep = env_int("CKPTIO_TORTURE_KEEP", 3);
   t.chunk_size = 5ull << 20;
   t.small_leaf = 64 << 10;
@@ -1035,7 +1036,7 @@ TEST(S3MotoGroupCrashTest, SigkillDuringMultiProcessSavesNeverExposesPartialStep
   TortureTarget t;
   t.name = "s3, 4 processes";
   t.uri = "s3://" + srv.bucket + "/" + prefix;
-  t.storage.s3.part_size = 5ull << 20;
+  t.storage.get<S3Options>().part_size = 5ull << 20;
   t.keep = env_int("CKPTIO_TORTURE_KEEP", 3);
   t.chunk_size = 1 << 20;
   t.group = 4;
@@ -1054,8 +1055,8 @@ TEST(S3MotoGroupCrashTest, SigkillDuringMultiProcessSavesNeverExposesPartialStep
 // ---- Power loss ---------------------------------------------------------------
 //
 // The durability protocol this test relies on (the model is FaultStorage's,
-// backends/memory/fault_storage.cc; the commit that follows it is
-// src/commit.cc):
+// backends/fault/fault_storage.cc; the commit that follows it is
+// src/save/commit.cc):
 //   - a data object is durable once WritableObject::finish() returned OK
 //     (fsync) and, on a POSIX-like store, the directory holding it was
 //     sync()ed afterwards; unfinished writers are lost;

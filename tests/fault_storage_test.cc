@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/fault/fault_storage.h"
 #include "backends/memory/memory_storage.h"
 #include "testutil/conformance.h"
 
@@ -342,7 +343,7 @@ TEST(FaultStorage, NonDurableExchangeIsUndone) {
   EXPECT_TRUE(testutil::object_keys(base->list("run-4.tmp/", false).value()).empty());
 }
 
-// The POSIX commit protocol of src/commit.cc, one call per step, with a
+// The POSIX commit protocol of src/save/commit.cc, one call per step, with a
 // power cut after every prefix of it. `sync_stage` = false leaves out the
 // fsync of the stage directory, a bug the model must expose.
 struct ProtocolRun {

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "backends/local/local_storage.h"
+#include "backends/fault/fault_storage.h"
 #include "backends/memory/memory_storage.h"
 #include "ckptio/ckptio.h"
 #include "testutil/fork_safety.h"
@@ -55,7 +56,7 @@ const char* harm_errno_text(Harm h) {
   return h == Harm::kFull ? std::strerror(ENOSPC) : std::strerror(EACCES);
 }
 
-// A save's stages as the storage seam sees them (src/commit.cc, the POSIX
+// A save's stages as the storage seam sees them (src/save/commit.cc, the POSIX
 // protocol): `op` on a key containing `key_part`. `must_fail[h]`: the stage
 // cannot succeed under harm h (a full tmpfs still lets fsync, rename and
 // unlink through; read-only directories still let open files be written).

@@ -7,24 +7,20 @@
 
 #include <barrier>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
 
-#include "backends/local/local_storage.h"
-#include "backends/memory/memory_storage.h"
 #include "ckptio/ckptio.h"
-#include "src/group_commit.h"
-#include "src/manifest.h"
+#include "src/save/group_commit.h"
+#include "src/save/manifest.h"
+#include "testutil/backend_fixture.h"
 #include "testutil/random_bytes.h"
 #include "testutil/sharded_state.h"
 
 namespace ckptio {
 namespace {
-
-namespace fs = std::filesystem;
 
 using testutil::GlobalLeaf;
 using testutil::ProcessState;
@@ -54,29 +50,14 @@ class ThreadBarrier : public SaveBarrier {
   std::vector<std::string> names_;
 };
 
-enum class Backend { kMemoryPosix, kMemoryObject, kLocal };
-
-class GroupSaveTest : public ::testing::TestWithParam<Backend> {
+// base_, faults_ over it, dir_ for the local backend: testutil/backend_fixture.h.
+class GroupSaveTest : public testutil::BackendTest {
  protected:
+  GroupSaveTest() : BackendTest("ckptio-group-") {}
   void SetUp() override {
-    switch (GetParam()) {
-      case Backend::kMemoryPosix: base_ = make_memory_storage(true); break;
-      case Backend::kMemoryObject: base_ = make_memory_storage(false); break;
-      case Backend::kLocal: {
-        dir_ = fs::temp_directory_path() / ("ckptio-group-" + std::to_string(::getpid()) + "-" +
-                                            std::to_string(counter_++));
-        fs::remove_all(dir_);
-        auto s = make_local_storage(dir_.string());
-        ASSERT_TRUE(s.ok()) << s.status().to_string();
-        base_ = *s;
-        break;
-      }
-    }
-    faults_ = make_fault_storage(base_);
+    BackendTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     mesh_ = Mesh::parse("dp=2,tp=4").value();
-  }
-  void TearDown() override {
-    if (!dir_.empty()) fs::remove_all(dir_);
   }
 
   ManagerOptions group_options(int p, int procs, double timeout = 30) {
@@ -145,12 +126,8 @@ class GroupSaveTest : public ::testing::TestWithParam<Backend> {
     EXPECT_TRUE(reader.verify(step).ok());
   }
 
-  std::shared_ptr<Storage> base_;
-  std::shared_ptr<FaultStorage> faults_;
-  fs::path dir_;
   Mesh mesh_;
   std::string run_id_ = "test-run-" + std::to_string(::getpid());
-  static inline int counter_ = 0;
 };
 
 TEST_P(GroupSaveTest, EightProcessesCommitOneStepThatRestoresBitExact) {
@@ -331,15 +308,7 @@ TEST_P(GroupSaveTest, AnIndexPutOfUnknownOutcomeDeletesNoDataFile) {
   expect_step(5, state);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, GroupSaveTest,
-                         ::testing::Values(Backend::kMemoryPosix, Backend::kMemoryObject, Backend::kLocal),
-                         [](const auto& info) {
-                           switch (info.param) {
-                             case Backend::kMemoryPosix: return std::string("MemoryPosix");
-                             case Backend::kMemoryObject: return std::string("MemoryObjectStore");
-                             default: return std::string("Local");
-                           }
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, GroupSaveTest, testutil::local_backends(), testutil::backend_name);
 
 TEST(GroupSave, OptionsAreChecked) {
   ProcessGroup g;

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "ckptio/index.h"
-#include "src/index_readers.h"
+#include "src/index/index_readers.h"
 
 namespace ckptio {
 namespace {

@@ -36,6 +36,7 @@
 #include "backends/local/reader.h"
 #include "backends/local/ring.h"
 #include "backends/local/writer.h"
+#include "ckptio/local.h"
 #include "ckptio/storage.h"
 
 namespace ckptio {
@@ -51,9 +52,9 @@ std::byte pattern(uint64_t at, uint64_t seed = 0) {
   return static_cast<std::byte>((x ^ (x >> 31)) >> 24);
 }
 
-StorageOptions opts(std::string direct_io, std::string read_mode = "", uint64_t request_size = 0,
+LocalOptions opts(std::string direct_io, std::string read_mode = "", uint64_t request_size = 0,
                     uint32_t queue_depth = 0) {
-  StorageOptions o;
+  LocalOptions o;
   o.direct_io = std::move(direct_io);
   o.read_mode = std::move(read_mode);
   o.request_size = request_size;
@@ -114,7 +115,7 @@ class LocalStorageTest : public ::testing::Test {
     fs::remove_all(dir_, ec);
   }
 
-  std::shared_ptr<Storage> open(StorageOptions opts = {}, std::string root = "") {
+  std::shared_ptr<Storage> open(LocalOptions opts = {}, std::string root = "") {
     auto r = make_local_storage(root.empty() ? dir_ + "/root" : root, opts);
     EXPECT_TRUE(r.ok()) << r.status().to_string();
     return r.ok() ? r.value() : nullptr;

@@ -25,47 +25,27 @@
 #include <vector>
 
 #include "backends/local/local_storage.h"
+#include "backends/fault/fault_storage.h"
 #include "backends/memory/memory_storage.h"
 #include "ckptio/ckptio.h"
-#include "src/crc32c.h"
-#include "src/layout.h"
-#include "src/staging.h"
+#include "src/util/crc32c.h"
+#include "src/layout/layout.h"
+#include "src/save/crew.h"
+#include "src/save/save_plan.h"
+#include "testutil/backend_fixture.h"
+#include "testutil/owned_leaves.h"
+#include "testutil/random_bytes.h"
 
 namespace ckptio {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A leaf with owned random bytes.
-struct OwnedLeaf {
-  std::string prefix, path;
-  DType dtype;
-  Shape shape;
-  std::vector<std::byte> bytes;
-};
-
-std::vector<std::byte> random_bytes(size_t n, uint64_t seed) {
-  std::vector<std::byte> v(n);
-  std::mt19937_64 rng(seed);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t x = rng();
-    std::memcpy(&v[i], &x, 8);
-  }
-  for (; i < n; ++i) v[i] = static_cast<std::byte>(rng());
-  return v;
-}
-
-OwnedLeaf make_leaf(std::string prefix, std::string path, DType dtype, Shape shape, uint64_t seed) {
-  size_t n = checked_num_bytes(shape, dtype_size(dtype)).value();
-  return OwnedLeaf{std::move(prefix), std::move(path), dtype, std::move(shape), random_bytes(n, seed)};
-}
-
-std::vector<LeafView> views(const std::vector<OwnedLeaf>& leaves) {
-  std::vector<LeafView> v;
-  for (const auto& l : leaves) v.push_back(LeafView::full(l.prefix, l.path, l.dtype, l.shape, l.bytes.data()));
-  return v;
-}
+using testutil::OwnedLeaf;
+using testutil::expect_restored;
+using testutil::make_leaf;
+using testutil::random_bytes;
+using testutil::views;
 
 std::vector<OwnedLeaf> sample_state(uint64_t seed) {
   std::vector<OwnedLeaf> s;
@@ -78,53 +58,59 @@ std::vector<OwnedLeaf> sample_state(uint64_t seed) {
   return s;
 }
 
-void expect_restored(const RestoredState& r, const std::vector<OwnedLeaf>& want) {
-  ASSERT_EQ(r.leaves.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    const Tensor& t = r.leaves[i];
-    EXPECT_EQ(t.prefix, want[i].prefix);
-    EXPECT_EQ(t.path, want[i].path);
-    EXPECT_EQ(t.dtype, want[i].dtype);
-    EXPECT_EQ(t.shape, want[i].shape);
-    ASSERT_EQ(t.data.size(), want[i].bytes.size()) << t.path;
-    if (!want[i].bytes.empty())
-      EXPECT_EQ(std::memcmp(t.data.data(), want[i].bytes.data(), want[i].bytes.size()), 0) << t.path;
-  }
-}
-
-enum class Backend { kMemoryPosix, kMemoryObject, kLocal };
-
-class ManagerTest : public ::testing::TestWithParam<Backend> {
+// base_, faults_ over it, dir_ for the local backend: testutil/backend_fixture.h.
+class ManagerTest : public testutil::BackendTest {
  protected:
-  void SetUp() override {
-    switch (GetParam()) {
-      case Backend::kMemoryPosix: base_ = make_memory_storage(true); break;
-      case Backend::kMemoryObject: base_ = make_memory_storage(false); break;
-      case Backend::kLocal: {
-        dir_ = fs::temp_directory_path() / ("ckptio-mgr-" + std::to_string(::getpid()) + "-" +
-                                            std::to_string(counter_++));
-        fs::remove_all(dir_);
-        auto s = make_local_storage(dir_.string());
-        ASSERT_TRUE(s.ok()) << s.status().to_string();
-        base_ = *s;
-        break;
-      }
-    }
-    faults_ = make_fault_storage(base_);
-  }
-  void TearDown() override {
-    if (!dir_.empty()) fs::remove_all(dir_);
-  }
+  ManagerTest() : BackendTest("ckptio-mgr-") {}
   std::unique_ptr<CheckpointManager> manager(ManagerOptions o = {}) {
     if (o.chunk_size == 0) o.chunk_size = 64 * 1024;  // many chunks per save
     return std::make_unique<CheckpointManager>(faults_, std::move(o));
   }
-
-  std::shared_ptr<Storage> base_;
-  std::shared_ptr<FaultStorage> faults_;
-  fs::path dir_;
-  static inline int counter_ = 0;
 };
+
+// A save reports its own progress as it goes (the CLI's progress line polls
+// it): stopped at its first data file's finish, every byte is staged and
+// written and none durable yet; once committed, all of it is durable. In
+// both staging modes (copy: through the pool; borrow: from the caller's
+// memory).
+TEST_P(ManagerTest, ProgressCountsStagedWrittenAndDurableBytes) {
+  for (StagingMode mode : {StagingMode::kCopy, StagingMode::kBorrow}) {
+    SCOPED_TRACE(mode == StagingMode::kCopy ? "copy" : "borrow");
+    std::promise<void> reached, go;
+    std::shared_future<void> go_f = go.get_future().share();
+    std::atomic<bool> armed{true};
+    faults_->set_hook([&](FaultOp op, const std::string& key) {
+      if (op == FaultOp::kFinish && key.find("/data-") != std::string::npos && armed.exchange(false)) {
+        reached.set_value();
+        go_f.wait();
+      }
+    });
+    ManagerOptions o;
+    o.staging = mode;
+    auto m = manager(o);
+    const int64_t step = mode == StagingMode::kCopy ? 1 : 2;
+    auto state = sample_state(40 + step);
+    uint64_t payload = 0;
+    for (const OwnedLeaf& l : state) payload += l.bytes.size();
+    auto h = m->save(step, views(state));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    reached.get_future().wait();
+    SaveProgress p = h->progress();
+    EXPECT_GE(p.total, payload);
+    EXPECT_EQ(p.staged, p.total);
+    EXPECT_EQ(p.written, p.total);
+    EXPECT_EQ(p.durable, 0u);
+    EXPECT_FALSE(h->done());
+    go.set_value();
+    Status st = h->wait();
+    faults_->set_hook(nullptr);
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    p = h->progress();
+    EXPECT_GE(p.total, payload);
+    EXPECT_EQ(p.durable, p.total);
+    EXPECT_EQ(p.total, h->stats().bytes);  // both count the data files' bytes
+  }
+}
 
 TEST_P(ManagerTest, SaveCommitRestoreLatest) {
   auto m = manager();
@@ -1224,15 +1210,7 @@ TEST_P(ManagerTest, BorrowModeWritesLargeShardsStraightFromCallerMemory) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, ManagerTest,
-                         ::testing::Values(Backend::kMemoryPosix, Backend::kMemoryObject, Backend::kLocal),
-                         [](const auto& info) {
-                           switch (info.param) {
-                             case Backend::kMemoryPosix: return std::string("MemoryPosix");
-                             case Backend::kMemoryObject: return std::string("MemoryObjectStore");
-                             default: return std::string("Local");
-                           }
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, ManagerTest, testutil::local_backends(), testutil::backend_name);
 
 
 // ---- Write ranges and the backend's write granularity -------------------------

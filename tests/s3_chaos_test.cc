@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/fault/fault_storage.h"
 #include "backends/memory/memory_storage.h"
 #include "ckptio/ckptio.h"
 #include "testutil/leftovers.h"

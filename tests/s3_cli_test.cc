@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -81,6 +82,33 @@ TEST_P(S3Cli, SynthSaveCheckListInspectVerifyGc) {
   ASSERT_EQ(steps.size(), 1u) << ls.out;
   EXPECT_EQ(steps[0]["step"], 20);
   run({"verify", uri_, "--step", "10"}, 3);  // gone: not found
+}
+
+// On a terminal, `synth save` draws a progress line from the save's own
+// counters (SaveHandle::progress), on object stores too: the line used to
+// sum the sizes under "<step>.tmp-" prefixes, which object stores never
+// have, and showed "0 B / ..." until the step committed. Runs the CLI
+// under script(1) for a pseudo-terminal, with a state large enough for
+// several redraws (every 200 ms), and wants a redraw of the save's line that
+// counts more than 0 bytes.
+TEST_P(S3Cli, SaveProgressLineCountsBytesOnATerminal) {
+  const std::string cmd = std::string("script -qec '") + CKPTIO_CLI_PATH + " synth save " + uri_ +
+                          " --step 1 --bytes 96MiB --leaves 8 --seed 5' /dev/null < /dev/null 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+  const int rc = pclose(f);
+  ASSERT_EQ(rc, 0) << cmd << "\n" << out;
+  int lines = 0, counted = 0;
+  for (size_t at = out.find("saving step 1: "); at != std::string::npos;
+       at = out.find("saving step 1: ", at + 1)) {
+    ++lines;
+    if (out.compare(at + 15, 4, "0 B ") != 0) ++counted;
+  }
+  ASSERT_GT(lines, 0) << "no progress line while saving (the save took under 200 ms?):\n" << out;
+  EXPECT_GT(counted, 0) << "every progress line showed 0 bytes:\n" << out;
 }
 
 TEST_P(S3Cli, CopyBetweenBucketAndDisk) {

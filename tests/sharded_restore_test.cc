@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -23,19 +22,16 @@
 #include <string>
 #include <vector>
 
-#include "backends/local/local_storage.h"
-#include "backends/memory/memory_storage.h"
 #include "ckptio/ckptio.h"
-#include "src/box_runs.h"
-#include "src/cast.h"
-#include "src/restore_sharded.h"
-#include "src/staging.h"
+#include "src/restore/box_runs.h"
+#include "src/transform/cast.h"
+#include "src/restore/restore_sharded.h"
+#include "src/save/save_plan.h"
+#include "testutil/backend_fixture.h"
 #include "testutil/random_bytes.h"
 
 namespace ckptio {
 namespace {
-
-namespace fs = std::filesystem;
 
 // ---- The global array and its boxes ---------------------------------------------
 
@@ -199,32 +195,24 @@ std::vector<uint64_t> property_seeds(uint64_t count) {
 
 // ---- Fixture: one storage per backend --------------------------------------------
 
-enum class Backend { kMemoryPosix, kMemoryObject, kLocal };
+using testutil::Backend;
 
-class ShardedRestore : public ::testing::TestWithParam<Backend> {
+// base_ and dir_ for the local backend: testutil/backend_fixture.h. The
+// manager works on base_ itself (these tests inject no faults).
+class ShardedRestore : public testutil::BackendTest {
  protected:
+  ShardedRestore() : BackendTest("ckptio-sharded-") {}
   void SetUp() override {
-    switch (GetParam()) {
-      case Backend::kMemoryPosix: storage_ = make_memory_storage(true); break;
-      case Backend::kMemoryObject: storage_ = make_memory_storage(false); break;
-      case Backend::kLocal: {
-        dir_ = fs::temp_directory_path() / ("ckptio-sharded-" + std::to_string(::getpid()) + "-" +
-                                            std::to_string(counter_++));
-        fs::remove_all(dir_);
-        auto s = make_local_storage(dir_.string());
-        ASSERT_TRUE(s.ok()) << s.status().to_string();
-        storage_ = *s;
-        break;
-      }
-    }
+    BackendTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     ManagerOptions o;
     o.chunk_size = 64 * 1024;
-    manager_ = std::make_unique<CheckpointManager>(storage_, std::move(o));
+    manager_ = std::make_unique<CheckpointManager>(base_, std::move(o));
   }
   void TearDown() override {
     sharded_restore_limits() = ShardedRestoreLimits{};
     manager_.reset();
-    if (!dir_.empty()) fs::remove_all(dir_);
+    BackendTest::TearDown();
   }
 
   void save(int64_t step, std::vector<SavedArray>& arrays, const std::vector<NamedSharding>& shardings,
@@ -252,17 +240,14 @@ class ShardedRestore : public ::testing::TestWithParam<Backend> {
           }
     ASSERT_NE(rec, nullptr);
     const std::string key = "run-" + std::to_string(step) + "/" + rec->file;
-    auto bytes = storage_->get(key, 1ull << 30);
+    auto bytes = base_->get(key, 1ull << 30);
     ASSERT_TRUE(bytes.ok()) << bytes.status().to_string();
     (*bytes)[rec->offset + at] ^= 0x5a;
-    Status st = storage_->put(key, std::as_bytes(std::span<const char>(bytes->data(), bytes->size())));
+    Status st = base_->put(key, std::as_bytes(std::span<const char>(bytes->data(), bytes->size())));
     ASSERT_TRUE(st.ok()) << st.to_string();
   }
 
-  std::shared_ptr<Storage> storage_;
   std::unique_ptr<CheckpointManager> manager_;
-  fs::path dir_;
-  static inline int counter_ = 0;
 };
 
 SavedArray make_array(std::string path, DType dtype, Shape shape, uint64_t seed) {
@@ -769,16 +754,7 @@ TEST_P(ShardedRestore, BadShardingOptionsAreRefusedNamingTheProblem) {
   expect_invalid(o, "into");
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, ShardedRestore,
-                         ::testing::Values(Backend::kMemoryPosix, Backend::kMemoryObject, Backend::kLocal),
-                         [](const ::testing::TestParamInfo<Backend>& info) {
-                           switch (info.param) {
-                             case Backend::kMemoryPosix: return std::string("MemoryPosix");
-                             case Backend::kMemoryObject: return std::string("MemoryObjectStore");
-                             case Backend::kLocal: return std::string("Local");
-                           }
-                           return std::string("Unknown");
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, ShardedRestore, testutil::local_backends(), testutil::backend_name);
 
 // ---- sharded_leaf_view ------------------------------------------------------------------
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "ckptio/sharding.h"
-#include "src/sharding_regex.h"
+#include "src/sharding/regex.h"
 
 namespace ckptio {
 namespace {

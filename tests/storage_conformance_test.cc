@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "backends/local/local_storage.h"
+#include "backends/fault/fault_storage.h"
 #include "backends/memory/memory_storage.h"
 #include "testutil/conformance.h"
 

@@ -51,7 +51,7 @@ std::pair<std::string_view, std::string_view> split_prefix(std::string_view pref
 }
 
 std::string temp_path_for(const std::string& path) {
-  // From the kernel at every call, as attempt ids (src/layout.cc): a
+  // From the kernel at every call, as attempt ids (src/layout/layout.cc): a
   // generator kept in memory would repeat its names in forked children.
   uint64_t v = 0;
   if (::getrandom(&v, sizeof v, 0) != static_cast<ssize_t>(sizeof v)) {

@@ -40,7 +40,7 @@ namespace ckptio {
 namespace local {
 namespace {
 
-// Measured defaults (README "Benchmarks"; tests/local_storage_test.cc
+// Measured defaults (docs/library.md, "Request size, queue depth and read mode"; tests/local_storage_test.cc
 // LocalStorageBench reproduces them).
 constexpr uint64_t kDefaultRequestSize = 8ull << 20;
 constexpr uint32_t kDefaultQueueDepth = 32;
@@ -282,7 +282,7 @@ Result<ReadMode> parse_read_mode(const std::string& s) {
 }  // namespace
 }  // namespace local
 
-Result<std::shared_ptr<Storage>> make_local_storage(const std::string& root_in, const StorageOptions& options) {
+Result<std::shared_ptr<Storage>> make_local_storage(const std::string& root_in, const LocalOptions& options) {
   using namespace local;
   CKPTIO_ASSIGN_OR_RETURN(DirectIo direct, parse_direct_io(options.direct_io));
   CKPTIO_ASSIGN_OR_RETURN(ReadMode mode, parse_read_mode(options.read_mode));

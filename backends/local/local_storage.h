@@ -9,7 +9,7 @@
 // key, split into request_size SQEs; finish() trims, fsyncs through the ring
 // and renames the temporary over the key (writer.cc). write_granularity() is
 // 4096 (1 with direct_io "off"), so the core cuts its ranges to 4096 before
-// it knows whether a file system will take O_DIRECT. Reads (StorageOptions::read_mode): "direct" = O_DIRECT through
+// it knows whether a file system will take O_DIRECT. Reads (LocalOptions::read_mode): "direct" = O_DIRECT through
 // the ring, zero-copy when dst and offset agree modulo read_alignment() (4096);
 // "buffered" = pread()s on a few threads with kernel readahead. Defaults,
 // measured on the CI machine (tests/local_storage_test.cc LocalStorageBench):
@@ -26,6 +26,7 @@
 #include <memory>
 #include <string>
 
+#include "ckptio/local.h"
 #include "ckptio/storage.h"
 
 namespace ckptio {
@@ -33,6 +34,6 @@ namespace ckptio {
 // `root` is created if missing. Fails if it cannot be created or is not a
 // directory.
 Result<std::shared_ptr<Storage>> make_local_storage(const std::string& root,
-                                                    const StorageOptions& options = {});
+                                                    const LocalOptions& options = {});
 
 }  // namespace ckptio

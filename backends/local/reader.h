@@ -1,6 +1,6 @@
 // Reading byte ranges of local files for Storage::read().
 //
-// Two modes (StorageOptions::read_mode):
+// Two modes (LocalOptions::read_mode):
 //   direct:   O_DIRECT through the shared Ring at queue depth; pieces planned
 //             by read_plan.h (zero-copy when dst and offset are congruent
 //             modulo 4096, bounce buffers otherwise). Files whose file system

@@ -16,7 +16,7 @@
 
 #include "backends/s3/http_client.h"
 #include "backends/s3/s3_xml.h"
-#include "src/printable.h"
+#include "src/util/printable.h"
 
 extern char** environ;
 

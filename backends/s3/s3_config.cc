@@ -12,7 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "backends/s3/credentials.h"
-#include "src/printable.h"
+#include "src/util/printable.h"
 
 namespace ckptio::s3 {
 namespace {

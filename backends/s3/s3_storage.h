@@ -3,7 +3,7 @@
 //
 // Keys map to objects "<prefix>/<key>" in the bucket of an s3://bucket/prefix
 // URI. caps(): no rename, so the core commits by writing the index last (see
-// src/commit.cc and docs/format.md).
+// src/save/commit.cc and docs/format.md).
 //
 // Writes: create() of an object larger than one part starts a multipart
 // upload; each write_async() range (offset a multiple of part_size) becomes

@@ -6,7 +6,7 @@
 #include <charconv>
 
 #include "backends/s3/retry.h"
-#include "src/printable.h"
+#include "src/util/printable.h"
 
 namespace ckptio::s3 {
 namespace {

@@ -3,7 +3,9 @@
 
 #include "ckptio/copy.h"
 #include "ckptio/index.h"
+#include "ckptio/local.h"
 #include "ckptio/manager.h"
+#include "ckptio/s3.h"
 #include "ckptio/sharding.h"
 #include "ckptio/status.h"
 #include "ckptio/storage.h"

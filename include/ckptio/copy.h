@@ -15,7 +15,7 @@
 //     source lacks (or holds short) is kDataLoss too, not kNotFound: the
 //     committed step is damaged.
 //   - Data files are written under attempt-unique names and the step is
-//     committed by the destination's own protocol (src/commit.cc: rename on
+//     committed by the destination's own protocol (src/save/commit.cc: rename on
 //     POSIX, index last on object stores). A failure at any point discards the
 //     attempt: the destination has no new committed step and its earlier
 //     steps are intact.

@@ -77,7 +77,7 @@ struct IndexLimits {
   // at ~70 bytes each beyond the key, which would otherwise be the reader's
   // largest cost per input byte (7x for an object of short keys).
   uint64_t max_object_members = 1'000'000;
-  // A manifest of one process in a multi-process save (src/manifest.h): the
+  // A manifest of one process in a multi-process save (src/save/manifest.h): the
   // shards of a leaf must still be disjoint, but may leave holes (other
   // processes write the rest). Never set for a step's index.
   bool partial_cover = false;

@@ -50,7 +50,9 @@ enum class StagingMode {
 };
 
 struct SaveStats {
-  uint64_t bytes = 0;         // payload bytes written (after casts)
+  // Bytes written to data files: the payload after casts, plus any padding a
+  // borrow-mode save lays between shards for alignment (SaveProgress::total).
+  uint64_t bytes = 0;
   double stall_seconds = 0;   // time save() blocked the caller
   double write_seconds = 0;   // first byte staged to data durable
   // Data durable to step visible: what of the index's write and read-back
@@ -58,6 +60,25 @@ struct SaveStats {
   // and the publish (POSIX: directory fsync, rename; S3: the index PUT).
   double commit_seconds = 0;
   double total_seconds = 0;   // save() call to commit
+};
+
+// Where a save is, counted by the engine as it goes (SaveHandle::progress):
+// bytes of this process's data files (the payload plus any alignment padding
+// a borrow-mode save lays between shards), so that the three counters and
+// `total` share one unit. Each counter only grows, and
+// durable <= written <= staged <= total. A save that failed stops counting.
+struct SaveProgress {
+  uint64_t total = 0;    // this process's data-file bytes; 0 until the save is planned
+  // Handed to the backend: copied into staging buffers (copy mode) or queued
+  // from the caller's memory (borrow mode).
+  uint64_t staged = 0;
+  // Writes the backend acknowledged: durable on object stores (each part or
+  // object is stored when its PUT answers), in the page cache on local disk
+  // until `durable`.
+  uint64_t written = 0;
+  // In data files made durable (fsync'd / uploads completed). The step is
+  // visible only once committed: SaveHandle::done() and wait().
+  uint64_t durable = 0;
 };
 
 struct CommitEvent {
@@ -124,8 +145,11 @@ struct ManagerOptions {
   // needs (at most this), so save() never waits for the disk when the budget
   // holds the state.
   uint64_t staging_budget = 1ull << 30;
-  // Bytes per write request; 0 = 8 MiB (measured on local disk, see README).
-  // Rounded up to the backend's write granularity (S3: the part size).
+  // Bytes per write request and per staging buffer; 0 = 8 MiB. Rounded up to
+  // a multiple of 4096 and of the backend's write granularity (S3: the part
+  // size). The pool holds staging_budget / chunk_size buffers (at least 2):
+  // larger chunks mean fewer, longer requests, smaller ones more buffers in
+  // flight within the same budget. Why 8 MiB: docs/library.md.
   uint64_t chunk_size = 0;
   int max_in_flight = 1;   // saves queued or running at once
   int max_to_keep = 0;     // committed steps kept by retention; 0 = all
@@ -180,6 +204,9 @@ class SaveHandle {
   bool released() const;         // borrow mode: caller buffers no longer read
   void wait_released() const;
   SaveStats stats() const;       // final once done()
+  // The save's progress so far (see SaveProgress): from any thread at any
+  // time, without a lock or a request to the storage; a progress bar polls it.
+  SaveProgress progress() const;
 
   struct State;
   explicit SaveHandle(std::shared_ptr<State> s) : s_(std::move(s)) {}
@@ -356,15 +383,18 @@ class CheckpointManager {
 
   Result<SaveHandle> save(int64_t step, const std::vector<LeafView>& state,
                           const SaveOptions& options = {});
-  // The same, taking the views instead of copying them (at 100,000 leaves the
-  // copy is ~25 ms of the caller's stall): for views built for this save.
+  // The same, taking the views instead of copying them: the overload above
+  // copies every leaf's names, shape and shard list on the caller's thread,
+  // a stall that grows with the number of leaves. For views built for this
+  // save.
   Result<SaveHandle> save(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options = {});
   // Waits for every save so far; returns the first error among them.
   Status wait_until_finished();
   // Copy mode: allocates the staging buffers a save of `state_bytes` uses
   // (at most staging_budget) and faults their pages in now, on the calling
   // thread, so that the first save() does not stall on touching fresh
-  // memory (577 ms for 256 MiB on this project's VM; later saves 9 ms).
+  // memory: a first touch of fresh pages can cost far more than the copy
+  // itself (measured in docs/library.md). Later saves reuse the buffers.
   // Call it while the trainer sets up, from a thread of its own if the
   // setup should not wait. Borrow mode has no staging buffers: OK at once.
   Status prepare_staging(uint64_t state_bytes);

@@ -18,14 +18,17 @@
 // internally returns the last error when it gives up.
 #pragma once
 
+#include <any>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <typeindex>
 #include <vector>
 
 #include "ckptio/status.h"
@@ -232,50 +235,58 @@ class Storage {
 Status check_storage_key(std::string_view key);
 Status check_storage_prefix(std::string_view prefix);
 
-// Options for the built-in backends. Zero means "the measured default".
-struct StorageOptions {
-  // Local: "auto" tries O_DIRECT and falls back to buffered I/O where the
-  // file system refuses it; "on" fails instead; "off" never uses it.
-  std::string direct_io = "auto";
-  // Local: "direct" (O_DIRECT through the ring) or "buffered" (kernel
-  // readahead through pread workers); "" picks the measured default.
-  std::string read_mode;
-  uint64_t request_size = 0;  // bytes per ring request
-  uint32_t queue_depth = 0;   // ring entries in flight
+// Options of the backend a URI opens. Each backend declares its own options
+// in its public header (ckptio/local.h: LocalOptions, ckptio/s3.h:
+// S3Options) and reads them from here by type; a backend whose options were
+// never set gets their defaults. A value type: copies are independent.
+//
+//   StorageOptions o;
+//   o.get<S3Options>().endpoint = "http://127.0.0.1:9000";
+//   auto storage = open_storage("s3://bucket/run7", o);
+class StorageOptions {
+ public:
+  // The options of type T, created with T's defaults on first use.
+  template <class T>
+  T& get() {
+    std::any& a = by_type_[std::type_index(typeid(T))];
+    if (!a.has_value()) a = T{};
+    return std::any_cast<T&>(a);
+  }
+  // The options of type T as set, or T's defaults.
+  template <class T>
+  T get_or_default() const {
+    auto it = by_type_.find(std::type_index(typeid(T)));
+    return it == by_type_.end() ? T{} : std::any_cast<const T&>(it->second);
+  }
 
-  // S3 (s3://bucket/prefix). Empty or zero fields come from the AWS
-  // conventions: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, AWS_REGION /
-  // AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
-  // AWS_SESSION_TOKEN, AWS_PROFILE with ~/.aws/credentials and ~/.aws/config,
-  // then the job's role: EKS web identity, ECS / EKS Pod Identity, EC2
-  // instance metadata, renewed ahead of expiry (see docs/s3.md for the precedence).
-  struct S3 {
-    std::string endpoint;     // "http://127.0.0.1:9000"; default AWS
-    std::string region;
-    std::string profile;
-    std::string access_key_id, secret_access_key, session_token;
-    bool anonymous = false;   // send unsigned requests
-    std::string addressing;   // "path" | "virtual" | "" (path for custom endpoints)
-    uint64_t part_size = 0;   // multipart part size (default 16 MiB, min 5 MiB)
-    uint32_t max_connections = 0;  // requests in flight (default 32)
-    int max_attempts = 0;          // per request, first try included (default 10)
-    double retry_base_s = 0;       // full-jitter backoff base (default 0.1 s)
-    double retry_cap_s = 0;        // backoff cap (default 20 s)
-    double timeout_s = 0;          // a transfer stalled this long fails (default 60 s)
-    // "on": sign every body's SHA-256; "off": UNSIGNED-PAYLOAD for data
-    // parts; "": botocore's rule (on over http, off over https, where TLS
-    // protects the bytes). Restore checks every shard's crc32c either way.
-    std::string payload_signing;
-    // Written with every object created: server-side encryption ("AES256",
-    // "aws:kms", "aws:kms:dsse"), its KMS key, and the storage class ("" for
-    // the bucket's defaults). See docs/s3.md.
-    std::string sse, sse_kms_key_id, storage_class;
-  } s3;
+ private:
+  std::map<std::type_index, std::any> by_type_;
 };
 
-// Opens a backend for a URI: a plain path or file:///path (local disk),
-// s3://bucket[/prefix] (an S3-compatible object store), mem://NAME (an
-// in-process store shared by name, for tests).
+// The backend registry: the one place that maps a URI to a backend. The core
+// opens every URI through it and names no backend; each backend registers
+// its scheme(s) as the library is loaded (backends/*/register.cc), and the
+// ckptio::ckptio CMake target links every built-in backend in whole, so a
+// program linked against it finds local paths and file://, s3:// and mem://.
+//
+// An opener gets the whole URI and the options, and returns the storage or
+// the error a user should see (kInvalidArgument for a malformed URI).
+using StorageOpener =
+    std::function<Result<std::shared_ptr<Storage>>(const std::string& uri, const StorageOptions& options)>;
+
+// Registers the backend of URIs "<scheme>://..."; the scheme "" is the
+// backend of plain paths (no "://"). kAlreadyExists when the scheme is taken.
+// Thread-safe.
+Status register_storage(const std::string& scheme, StorageOpener opener);
+
+// The schemes registered so far, sorted ("" for plain paths first).
+std::vector<std::string> registered_storage_schemes();
+
+// Opens the backend for `uri` through the registry: a plain path or
+// file:///path (local disk), s3://bucket[/prefix] (an S3-compatible object
+// store), mem://NAME (an in-process store shared by name, for tests), or
+// whatever else was registered. kInvalidArgument for an empty URI or one
+// whose scheme no backend registered (the message lists those that are).
 Result<std::shared_ptr<Storage>> open_storage(const std::string& uri,
                                               const StorageOptions& options = {});
 

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "src/box_runs.h"
-#include "src/crc32c.h"
-#include "src/read_planner.h"
+#include "src/restore/box_runs.h"
+#include "src/util/crc32c.h"
+#include "src/restore/read_planner.h"
 
 namespace ckptio::testing {
 

@@ -5,7 +5,7 @@
 //   1. Generate the state (one warm arena, as a trainer's host copy is).
 //   2. Warm-up saves (--warmup, default 1), reported apart: the first save
 //      of a process touches the staging pool for the first time, and on a VM
-//      first touches of guest memory are slow (see README "Benchmarks").
+//      first touches of guest memory are slow (see docs/benchmarks.md).
 //      Steady-state saves reuse the pool; that is what the timed runs show.
 //   3. Timed saves (--repeat): throughput (save() to commit), stall (time
 //      save() blocked), peak RSS while the save runs (nothing else large is
@@ -338,16 +338,14 @@ int run_bench(const GlobalOptions& g, const BenchCmd& o) {
   so.metadata_json = synth_metadata_json(o.seed, target, o.leaves, layout.total_bytes);
   auto save_one = [&](Run& run) {
     run.step = next_step++;
-    const std::string dir = step_dir_name(g, run.step);
     reset_peak_rss();
-    Storage& storage = m->storage();
-    Progress p("saving step " + std::to_string(run.step), layout.total_bytes,
-               [&storage, dir] { return bytes_in_flight(storage, dir); });
+    Progress p("saving step " + std::to_string(run.step), layout.total_bytes);
     std::vector<LeafView> views = state.views();  // the caller's to build, not the stall's
     t0 = Clock::now();
     auto h = m->save(run.step, std::move(views), so);  // taken, not copied
     run.stall_ms = since(t0) * 1e3;
     if (!h.ok()) fail_status(h.status(), "save step " + std::to_string(run.step));
+    p.watch([h = *h] { return h.progress().written; }, [h = *h] { return h.progress().total; });
     cleanup.steps.push_back(run.step);
     Status st = h->wait();
     run.peak_rss = peak_rss_bytes();

@@ -60,7 +60,7 @@ struct GlobalOptions {
   std::string step_format = "run-{step}";
   bool strict = false;  // ManagerOptions::strict: damage is an error, never skipped
 
-  // S3 (StorageOptions::S3). Empty / zero = the AWS conventions and the
+  // S3 (S3Options, include/ckptio/s3.h). Empty / zero = the AWS conventions and the
   // backend's defaults. Credentials are deliberately absent: they come only
   // from the environment or ~/.aws files, never from the command line, where
   // other users could read them (ps, /proc, shell history).
@@ -140,10 +140,6 @@ Index resolve_index(CheckpointManager& m, const std::string& uri, std::optional<
 // kExitNotFound when there is none.
 std::vector<int64_t> committed_or_damaged_steps(CheckpointManager& m, const std::string& uri);
 
-// Bytes currently stored under a step's temporary attempt directories (the
-// save-progress estimate; the API has no progress hook).
-uint64_t bytes_in_flight(Storage& storage, const std::string& step_dir);
-
 // Peak resident set of this process in bytes (VmHWM, else ru_maxrss).
 uint64_t peak_rss_bytes();
 // Resets the peak (Linux: "5" > /proc/self/clear_refs); false if refused.
@@ -165,6 +161,10 @@ class Progress {
   Progress(const Progress&) = delete;
   Progress& operator=(const Progress&) = delete;
   void set_label(std::string label);
+  // From now on `done` reports the bytes so far, and `total` (when it gives
+  // more than 0) the bytes in all: a save's handle exists only once save()
+  // returned, after the line began, and knows its total once planned.
+  void watch(std::function<uint64_t()> done, std::function<uint64_t()> total = {});
   void stop();  // clears the line; idempotent
   static bool enabled();
 
@@ -172,12 +172,12 @@ class Progress {
   void loop();
   std::string line(double elapsed, int tick);
 
-  std::mutex mu_;  // guards label_, stopping_
+  std::mutex mu_;  // guards label_, stopping_, done_, total_fn_
   std::condition_variable cv_;
   std::string label_;
   bool stopping_ = false;
+  std::function<uint64_t()> done_, total_fn_;
   const uint64_t total_;
-  const std::function<uint64_t()> done_;
   std::thread thread_;
 };
 

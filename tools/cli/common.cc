@@ -235,12 +235,13 @@ ManagerOptions manager_options(const GlobalOptions& g) {
 
 StorageOptions storage_options(const GlobalOptions& g) {
   StorageOptions o;
-  o.direct_io = g.direct_io;
-  o.read_mode = g.read_mode;
-  if (!g.request_size.empty()) o.request_size = size_arg(g.request_size, "--request-size");
-  o.queue_depth = g.queue_depth;
+  LocalOptions& local = o.get<LocalOptions>();
+  local.direct_io = g.direct_io;
+  local.read_mode = g.read_mode;
+  if (!g.request_size.empty()) local.request_size = size_arg(g.request_size, "--request-size");
+  local.queue_depth = g.queue_depth;
 
-  StorageOptions::S3& s3 = o.s3;
+  S3Options& s3 = o.get<S3Options>();
   s3.endpoint = g.s3_endpoint;
   s3.region = g.s3_region;
   s3.profile = g.s3_profile;
@@ -324,20 +325,6 @@ std::vector<int64_t> committed_or_damaged_steps(CheckpointManager& m, const std:
   }
   if (steps.empty()) fail(kExitNotFound, "no committed step at " + uri);
   return steps;
-}
-
-uint64_t bytes_in_flight(Storage& storage, const std::string& step_dir) {
-  auto top = storage.list("", /*delimiter=*/true);
-  if (!top.ok()) return 0;
-  uint64_t total = 0;
-  const std::string tmp = step_dir + ".tmp-";
-  for (const std::string& p : top->prefixes) {
-    if (p.rfind(tmp, 0) != 0) continue;
-    auto objs = storage.list(p, false);
-    if (!objs.ok()) continue;
-    for (const auto& o : objs->objects) total += o.size;
-  }
-  return total;
 }
 
 namespace {

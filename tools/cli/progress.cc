@@ -15,7 +15,7 @@ bool Progress::enabled() {
 }
 
 Progress::Progress(std::string label, uint64_t total, std::function<uint64_t()> done)
-    : label_(std::move(label)), total_(total), done_(std::move(done)) {
+    : label_(std::move(label)), done_(std::move(done)), total_(total) {
   if (enabled()) thread_ = std::thread([this] { loop(); });
 }
 
@@ -24,6 +24,12 @@ Progress::~Progress() { stop(); }
 void Progress::set_label(std::string label) {
   std::lock_guard lock(mu_);
   label_ = std::move(label);
+}
+
+void Progress::watch(std::function<uint64_t()> done, std::function<uint64_t()> total) {
+  std::lock_guard lock(mu_);
+  done_ = std::move(done);
+  total_fn_ = std::move(total);
 }
 
 void Progress::stop() {
@@ -43,23 +49,28 @@ void Progress::stop() {
 std::string Progress::line(double elapsed, int tick) {
   static const char kSpin[] = {'|', '/', '-', '\\'};
   std::string s;
+  std::function<uint64_t()> done_fn, total_fn;
   {
     std::lock_guard lock(mu_);
     s = label_;
+    done_fn = done_;
+    total_fn = total_fn_;
   }
+  uint64_t total = total_fn ? total_fn() : 0;
+  if (total == 0) total = total_;
   char buf[64];
-  if (done_) {
-    const uint64_t done = done_();
+  if (done_fn) {
+    const uint64_t done = done_fn();
     s += ": " + format_bytes(done);
-    if (total_ > 0) {
-      std::snprintf(buf, sizeof buf, " / %s (%.0f%%)", format_bytes(total_).c_str(),
-                    100.0 * static_cast<double>(done) / static_cast<double>(total_));
+    if (total > 0) {
+      std::snprintf(buf, sizeof buf, " / %s (%.0f%%)", format_bytes(total).c_str(),
+                    100.0 * static_cast<double>(done) / static_cast<double>(total));
       s += buf;
     }
     s += ", " + format_gbps(done, elapsed);
   } else {
     s += std::string(" ") + kSpin[tick % 4];
-    if (total_ > 0) s += " " + format_bytes(total_);
+    if (total > 0) s += " " + format_bytes(total);
   }
   std::snprintf(buf, sizeof buf, ", %.1f s", elapsed);
   return s + buf;

@@ -278,13 +278,12 @@ int run_save(const GlobalOptions& g, const SaveCmd& o) {
   so.row_band_ways = o.row_band_ways;
   SaveStats stats;
   {
-    Storage& storage = m->storage();
-    Progress p("saving step " + std::to_string(o.step), total,
-               [&storage, dir] { return bytes_in_flight(storage, dir); });
+    Progress p("saving step " + std::to_string(o.step), total);
     t0 = Clock::now();
     auto h = m->save(o.step, state.views(), so);
     const double stall = since(t0);
     if (!h.ok()) fail_status(h.status(), "save step " + std::to_string(o.step));
+    p.watch([h = *h] { return h.progress().written; }, [h = *h] { return h.progress().total; });
     Status st = h->wait();
     if (!st.ok()) fail_status(st);
     stats = h->stats();

@@ -32,7 +32,7 @@
 #include <set>
 #include <sstream>
 
-#include "backends/memory/memory_storage.h"
+#include "backends/fault/fault_storage.h"
 #include "tools/cli/synth.h"
 
 namespace ckptio::cli {

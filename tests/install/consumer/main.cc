@@ -1,15 +1,26 @@
 // Saves two steps through an installed libckptio, restores the latest and
 // checks it byte for byte. Usage: consumer DIR. Exit 0 on success.
+// `consumer --schemes` prints the storage schemes registered, one a line
+// ("" for plain paths), and opens an in-memory store through the registry.
 #include <ckptio/ckptio.h>
 
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 using namespace ckptio;
 
 int main(int argc, char** argv) {
-  if (argc != 2) return std::fprintf(stderr, "usage: consumer DIR\n"), 2;
+  if (argc != 2) return std::fprintf(stderr, "usage: consumer DIR | --schemes\n"), 2;
+  if (std::strcmp(argv[1], "--schemes") == 0) {
+    StorageOptions o;
+    o.get<S3Options>().region = "us-east-1";  // ckptio/s3.h is installed and usable
+    auto mem = open_storage("mem://consumer", o);
+    if (!mem.ok()) return std::fprintf(stderr, "open mem://: %s\n", mem.status().to_string().c_str()), 1;
+    for (const std::string& s : registered_storage_schemes()) std::printf("%s\n", s.c_str());
+    return 0;
+  }
   ManagerOptions opts;
   opts.max_to_keep = 1;
   int commits = 0;
@@ -27,7 +38,8 @@ int main(int argc, char** argv) {
     };
     auto h = (*mgr)->save(step, state, {.metadata_json = R"({"from": "consumer"})"});
     if (!h.ok()) return std::fprintf(stderr, "save: %s\n", h.status().to_string().c_str()), 1;
-    (*mgr)->wait_until_finished();
+    if (Status st = (*mgr)->wait_until_finished(); !st.ok())
+      return std::fprintf(stderr, "save: %s\n", st.to_string().c_str()), 1;
   }
   if (commits != 2) return std::fprintf(stderr, "%d commits, expected 2\n", commits), 1;
   auto r = (*mgr)->restore(std::nullopt);

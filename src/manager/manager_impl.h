@@ -1,0 +1,92 @@
+// Internals of CheckpointManager, shared by the stages it is a facade over:
+// the save pipeline (src/save/submit.cc, src/save/pipeline.cc), discovery
+// (discovery.cc), retention and gc (retention.cc, gc.cc) and restore
+// (src/restore/restore.cc).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckptio/manager.h"
+#include "src/layout/layout.h"
+#include "src/save/buffer_pool.h"
+#include "src/save/crew.h"
+
+namespace ckptio {
+
+struct SaveJob;
+
+struct CheckpointManager::Impl {
+  // Set by the constructor, then read-only.
+  CheckpointManager* owner = nullptr;
+  StepNaming naming = StepNaming::make("run-{step}").value();
+  uint64_t chunk = 0;  // bytes per write request: a multiple of `unit`
+  uint64_t unit = 1;   // write_unit() of the storage's write granularity
+  uint64_t memory_align = 1;  // Storage::write_memory_alignment(), 1..4096
+  uint64_t object_bytes = 0;  // Storage::data_object_bytes(): 0 = one data file
+  std::unique_ptr<BufferPool> pool;
+  std::unique_ptr<Crew> crew;  // copy mode's copiers beside the caller
+  std::thread worker;
+
+  std::mutex mu;  // guards everything below
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<SaveJob>> queue;
+  int in_flight = 0;
+  bool stopping = false;
+  Status first_error;
+  std::set<std::string> attempts_in_flight;
+  std::multiset<int64_t> restoring;
+  std::map<int64_t, uint64_t> group_saves;  // multi-process saves begun, per step
+
+  // ---- Save (src/save/submit.cc, src/save/pipeline.cc) ----
+  // save() after check_process(): takes a slot, queues the job and, in copy
+  // mode, copies the state; `called` is when save() was called.
+  Result<SaveHandle> submit(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options,
+                            std::chrono::steady_clock::time_point called);
+  // The job of one save, planned: attempt names, float cast, row bands, the
+  // data files' layout and write ranges.
+  Result<std::shared_ptr<SaveJob>> make_job(int64_t step, std::vector<LeafView>&& state,
+                                            const SaveOptions& options, const std::string& final_dir);
+  void worker_loop();
+  void run_job(SaveJob& job);
+  // After the commit (or its failure): the callbacks, the handle, retention,
+  // and the job's slot.
+  void finish_job(SaveJob& job, const Status& st, const SaveStats& stats);
+
+  // ---- Discovery (discovery.cc) ----
+  // Index of a step directory: nullopt if it has none (not committed).
+  Result<std::optional<Index>> load_index(const std::string& dir);
+  // Why step directory `dir` (final name) has no index: kNotFound (not
+  // committed), or kDataLoss on a POSIX-like store when it holds objects
+  // (a final directory always holds its index there: it was lost).
+  Status missing_index(const std::string& dir, int64_t step);
+  // Committed steps ascending; with `parse`, steps whose index fails to
+  // parse or is missing from a directory holding data (POSIX) are skipped
+  // with a warning (an error when strict).
+  Result<std::vector<int64_t>> committed_steps(bool parse, bool newest_only);
+  // Every step directory, committed or not, with sizes (list_step_dirs()).
+  Result<std::vector<StepInfo>> step_dirs();
+
+  // ---- Retention and gc (retention.cc, gc.cc) ----
+  // Retention (apply_retention); the steps deleted go to `deleted` when given.
+  Status retain(int max_to_keep, int64_t keep_every, std::vector<int64_t>* deleted);
+  // gc() in the process that made the manager.
+  Status gc(const GcOptions& options);
+
+  // ---- Restore (src/restore/restore.cc) ----
+  // Restores the step `index` describes (restore() after choosing it). Once
+  // the data is read, the selected leaves' paths and shapes are moved out of
+  // `index` into the result (no copy per leaf): the caller discards it.
+  Result<RestoredState> restore_index(Index& index, const RestoreOptions& options);
+};
+
+}  // namespace ckptio

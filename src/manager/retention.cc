@@ -1,0 +1,34 @@
+// Retention: which committed steps a manager keeps (ManagerOptions::
+// max_to_keep, keep_every), applied after each commit and on request.
+#include <algorithm>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "src/manager/manager_impl.h"
+
+namespace ckptio {
+
+Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std::vector<int64_t>* deleted) {
+  CKPTIO_ASSIGN_OR_RETURN(auto steps, committed_steps(/*parse=*/false, false));
+  if (steps.empty() || max_to_keep <= 0) return Status::OK();
+  std::set<int64_t> keep(steps.end() - std::min<size_t>(steps.size(), max_to_keep), steps.end());
+  keep.insert(steps.back());  // never the latest
+  if (keep_every > 0)
+    for (int64_t s : steps)
+      if (s % keep_every == 0) keep.insert(s);
+  Status first;
+  for (int64_t s : steps) {
+    if (keep.count(s)) continue;
+    {
+      std::lock_guard lock(mu);
+      if (restoring.count(s)) continue;  // never under a reader
+    }
+    Status st = owner->remove_step(s);
+    if (st.ok() && deleted) deleted->push_back(s);
+    if (!st.ok() && first.ok()) first = st.annotate("retention: delete step " + std::to_string(s));
+  }
+  return first;
+}
+
+}  // namespace ckptio

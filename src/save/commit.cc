@@ -1,0 +1,138 @@
+// The commit protocol. A step is committed exactly when its index is durable
+// at its final name; data objects carry attempt-unique names, so a failed or
+// concurrent attempt never overwrites what a committed index points to.
+//
+// POSIX (Storage::caps().atomic_rename):
+//   1. data files are written under <step>.tmp-<attempt>/ and made durable
+//      (WritableObject::finish = fsync) by the caller;
+//   2. put(<stage>/ckptio_index.json): write a temporary, fsync, rename, fsync
+//      the directory; this may run while the data files are still being
+//      written (a stage directory is never discoverable as a step);
+//   3. sync(<stage>): fsync the stage directory (all data file names), once
+//      steps 1 and 2 are done;
+//   4. rename(<stage>, <step>) with RENAME_NOREPLACE, or RENAME_EXCHANGE when
+//      overwriting (the old step moves to the stage name in the same atomic
+//      step, so there is no moment without a complete step), then fsync the
+//      base directory (sync("")). An fsync error anywhere fails the step: the
+//      caller discards the attempt and never retries the commit.
+//   5. after an exchange, the old step (now at the stage name) is deleted.
+//
+// Object store (no rename): data objects go to <step>/data-<attempt>-N.bin,
+// then the index object <step>/ckptio_index.json is PUT last (S3 PUTs are
+// atomic and read-after-write consistent), with Storage::put_new (S3:
+// If-None-Match: *), so that of two writers committing the same step at once
+// one fails with kAlreadyExists instead of replacing the other's index. An
+// attempt that never wrote its index is invisible to discovery; gc removes
+// its objects. Overwrite replaces the index in one PUT; the replaced step's
+// data objects become garbage that gc removes (they are not referenced by
+// the new index).
+#include "src/save/commit.h"
+
+#include "src/layout/layout.h"
+
+namespace ckptio {
+
+AttemptPaths plan_attempt(const Storage& storage, const std::string& final_dir) {
+  return plan_attempt(storage, final_dir, new_attempt_id());
+}
+
+AttemptPaths plan_attempt(const Storage& storage, const std::string& final_dir, const std::string& attempt) {
+  AttemptPaths p;
+  p.final_dir = final_dir;
+  p.attempt = attempt;
+  p.renames = storage.caps().atomic_rename;
+  p.stage_dir = p.renames ? final_dir + ".tmp-" + p.attempt : final_dir;
+  return p;
+}
+
+namespace {
+std::span<const std::byte> as_bytes(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+}  // namespace
+
+Status commit_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
+                      bool overwrite, bool* outcome_unknown) {
+  CKPTIO_RETURN_IF_ERROR(stage_index(storage, paths, index_json));
+  return publish_attempt(storage, paths, index_json, overwrite, outcome_unknown);
+}
+
+Status stage_index(Storage& storage, const AttemptPaths& paths, const std::string& index_json) {
+  if (!paths.renames) return Status::OK();
+  return storage.put(index_key(paths.stage_dir), as_bytes(index_json));
+}
+
+Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
+                       bool overwrite, bool* outcome_unknown) {
+  const std::span<const std::byte> bytes = as_bytes(index_json);
+  if (!paths.renames) {
+    const std::string key = index_key(paths.final_dir);
+    auto already = [&] { return Status(Code::kAlreadyExists, "step " + paths.final_dir + " is already committed"); };
+    if (!overwrite) {
+      // The check catches a step committed before, on every server; put_new
+      // refuses one committed meanwhile by another writer, where the
+      // backend can (S3: If-None-Match).
+      auto st = storage.stat(key);
+      if (st.ok()) return already();
+      if (st.status().code() != Code::kNotFound) return st.status();
+    }
+    Status put = overwrite ? storage.put(key, bytes) : storage.put_new(key, bytes);
+    if (put.ok()) return put;
+    // Refused (a PUT sent again may meet the index its first attempt
+    // wrote), or failed in a way that may come after the object was stored
+    // (the answer lost, every attempt since failed): whose index is there
+    // says whether the step is committed. The index names this attempt's
+    // data files, so ours is ours.
+    const bool refused = put.code() == Code::kAlreadyExists;
+    const bool maybe = put.code() == Code::kUnavailable || put.code() == Code::kIOError ||
+                       put.code() == Code::kInternal || put.code() == Code::kCancelled;
+    if (!refused && !maybe) return put;
+    auto there = storage.get(key, bytes.size());
+    if (there.ok()) return *there == index_json ? Status::OK() : refused ? already() : put;
+    const Code code = there.status().code();
+    if (code == Code::kNotFound || code == Code::kInvalidArgument)  // none there, or a larger one: not ours
+      return refused ? already() : put;
+    if (outcome_unknown) *outcome_unknown = true;
+    return put.annotate("step " + paths.final_dir + " may or may not be committed (its index could not be read "
+                        "back: " + there.status().to_string() + "); its data is left for gc");
+  }
+
+  CKPTIO_RETURN_IF_ERROR(storage.sync(paths.stage_dir + "/").annotate("commit " + paths.final_dir));
+  Status renamed = storage.rename(paths.stage_dir + "/", paths.final_dir + "/", RenameMode::kNoReplace);
+  bool exchanged = false;
+  if (renamed.code() == Code::kAlreadyExists && overwrite) {
+    renamed = storage.rename(paths.stage_dir + "/", paths.final_dir + "/", RenameMode::kExchange);
+    exchanged = renamed.ok();
+  }
+  CKPTIO_RETURN_IF_ERROR(renamed.annotate("commit " + paths.final_dir));
+  CKPTIO_RETURN_IF_ERROR(storage.sync("").annotate("commit " + paths.final_dir));
+  if (exchanged) {
+    // The replaced step now sits at the stage name; it is not discoverable as
+    // committed (temporary names never are), so a failure here only leaves
+    // garbage for gc.
+    (void)storage.remove_prefix(paths.stage_dir + "/");
+  }
+  return Status::OK();
+}
+
+void discard_attempt(Storage& storage, const AttemptPaths& paths,
+                     const std::vector<std::string>& data_files) {
+  if (paths.renames) {
+    (void)storage.remove_prefix(paths.stage_dir + "/");
+    return;
+  }
+  for (const auto& f : data_files) (void)storage.remove(paths.stage_dir + "/" + f);
+}
+
+Status delete_committed_step(Storage& storage, const std::string& final_dir) {
+  if (storage.caps().atomic_rename) {
+    std::string doomed = final_dir + ".del-" + new_attempt_id();
+    CKPTIO_RETURN_IF_ERROR(storage.rename(final_dir + "/", doomed + "/", RenameMode::kNoReplace));
+    CKPTIO_RETURN_IF_ERROR(storage.sync(""));
+    return storage.remove_prefix(doomed + "/");
+  }
+  CKPTIO_RETURN_IF_ERROR(storage.remove(index_key(final_dir)));
+  return storage.remove_prefix(final_dir + "/");
+}
+
+}  // namespace ckptio

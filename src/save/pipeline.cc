@@ -1,0 +1,200 @@
+// The save pipeline: one save's path from save() to its callbacks.
+//
+// save() on the caller's thread (submit.cc): validate, wait for an in-flight
+// slot, cast (if asked), plan the data file and cut it into write ranges
+// (save_plan.h; chunks are a multiple of the backend's write granularity),
+// then
+//   copy mode:   copy the state range by range into pool buffers, computing
+//                the shards' crc32c on the way, and hand each buffer to the
+//                worker (blocks only while the pool is full; stage.h);
+//   borrow mode: nothing more; the worker reads the caller's buffers.
+// The worker thread (this file), one job at a time, for each range in file
+// order (write_data.cc):
+//   staged (copy mode): take the buffer the caller filled (and checksummed,
+//                block by block as it copied), queue its write;
+//   staged (borrow):   copy the pieces into a pool buffer and checksum them
+//                block by block while they are hot in cache, queue the write;
+//   direct (borrow):   queue the write straight from the caller's memory
+//                (zero copy: on O_DIRECT files large shards are placed so
+//                that their address and file offset agree modulo 4096, see
+//                plan_save; object stores take any address), then
+//                checksum those bytes while the device reads them.
+// Then wait for the writes (borrow mode releases the caller's buffers only
+// now: direct writes read them until they complete); finish() (fsync); write
+// the index (prepare_index.cc, alongside the writes) and commit (commit.cc;
+// a multi-process save through group_commit.cc); run the callback; retention.
+#include <spdlog/spdlog.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckptio/index.h"
+#include "src/manager/manager_impl.h"
+#include "src/save/build_index.h"
+#include "src/save/commit.h"
+#include "src/save/group_commit.h"
+#include "src/save/prepare_index.h"
+#include "src/save/save_job.h"
+#include "src/save/write_data.h"
+#include "src/util/callback.h"
+#include "src/util/clock.h"
+
+namespace ckptio {
+namespace {
+
+// A single-process save's commit: once the index prepared alongside the
+// writes is staged and reads back, and the writes succeeded (`written`),
+// the step is published.
+Status commit_single(Storage& storage, const SaveJob& job, IndexPreparer& index, Status written,
+                     double& commit_seconds, bool* outcome_unknown) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = std::move(written);
+  Status prepared_index = index.verdict();  // (also when the writes failed: nothing may still be staging)
+  if (st.ok()) st = prepared_index;
+  if (st.ok()) st = publish_attempt(storage, job.paths, index.json(), job.options.overwrite, outcome_unknown);
+  commit_seconds = seconds_since(t0);
+  return st;
+}
+
+// A multi-process save after this process's writes (`own`): manifest, then
+// the coordinator merges and commits, the others learn the outcome.
+Status commit_group(Storage& storage, const ProcessGroup& group, const SaveJob& job,
+                    const std::vector<uint32_t>& crcs, Status own, double& commit_seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const GroupSave g{storage, group, job.paths, job.step};
+  Status st = publish_manifest(g, own.ok() ? build_index(job, crcs) : Index{}, own);
+  if (group.index != 0) {
+    Status outcome = await_outcome(g);
+    commit_seconds = seconds_since(t0);
+    if (!own.ok()) return own;
+    return st.ok() ? outcome : st;
+  }
+  if (!own.ok()) st = own;
+  if (st.ok()) {
+    auto merged = gather_manifests(g);
+    if (merged.ok()) {
+      Index& index = *merged;
+      index.step = job.step;
+      index.created_unix_ns = job.created_unix_ns;
+      index.committed_unix_ns = unix_ns_now();
+      index.metadata_json = job.options.metadata_json.empty() ? "{}" : job.options.metadata_json;
+      std::string json = serialize_index(index);
+      auto check = parse_index(json);
+      st = check.ok() ? commit_attempt(storage, job.paths, json, job.options.overwrite)
+                      : check.status().annotate("internal: merged index fails to parse");
+    } else {
+      st = merged.status();
+    }
+  }
+  announce_outcome(g, st);
+  commit_seconds = seconds_since(t0);
+  return st;
+}
+
+// After a multi-process save failed: whether the step's index may still name
+// this process's data files (the coordinator's index PUT may have stored it
+// although the step was reported failed, and the index cannot be read). Such
+// files are left for gc, which removes them unless an index names them.
+bool index_may_name(Storage& storage, const SaveJob& job) {
+  if (job.data_files.empty()) return false;
+  auto listed = index_lists(storage, job.paths.final_dir, job.data_files.front());
+  return !listed.ok() || *listed;
+}
+
+// Removes what a failed save wrote, unless a committed index may name it.
+void discard_failed(Storage& storage, const SaveJob& job, bool outcome_unknown) {
+  if (job.group) {  // the staging directory is shared: only this process's files
+    if (!index_may_name(storage, job))
+      for (const std::string& f : job.data_files) (void)storage.remove(job.paths.stage_dir + "/" + f);
+  } else if (!outcome_unknown) {  // (else a committed index may name them; gc removes them if not)
+    discard_attempt(storage, job.paths, job.data_files);
+  }
+}
+
+// A caller's callback on the worker thread: what it throws is logged.
+template <typename F>
+void run_callback(const char* name, int64_t step, F&& call) {
+  Status st = call_callback(name, std::forward<F>(call));
+  if (!st.ok()) spdlog::error("ckptio: step {}: {}", step, st.message());
+}
+
+}  // namespace
+
+void CheckpointManager::Impl::worker_loop() {
+  for (;;) {
+    std::shared_ptr<SaveJob> job;
+    {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return stopping || !queue.empty(); });
+      if (queue.empty()) return;
+      job = queue.front();
+      queue.pop_front();
+    }
+    run_job(*job);
+  }
+}
+
+void CheckpointManager::Impl::run_job(SaveJob& job) {
+  Storage& storage = owner->storage();
+  SaveStats stats;
+  stats.bytes = job.plan.bytes();
+  stats.stall_seconds = job.stall_seconds;
+
+  std::vector<uint32_t> crcs;
+  // A single-process save's index is prepared while the data is written
+  // (IndexPreparer). It lives to the end of the job: its thread frees the
+  // indexes while the commit publishes, and is waited for only here.
+  std::optional<IndexPreparer> index;
+  if (!job.group) index.emplace(storage, job, crcs);
+  auto tell = [&](bool ok) {
+    if (index) index->checksums_known(ok);
+  };
+  bool outcome_unknown = false;  // the index PUT failed, and reading it back too
+  Status st = write_data(storage, *pool, job, crcs, stats.write_seconds, [&] { tell(true); });
+  tell(st.ok());  // (the writes failed before all were queued, or none was)
+  if (job.group)
+    st = commit_group(storage, owner->options().processes, job, crcs, st, stats.commit_seconds);
+  else
+    st = commit_single(storage, job, *index, st, stats.commit_seconds, &outcome_unknown);
+  if (!st.ok()) {
+    discard_failed(storage, job, outcome_unknown);
+    st = st.annotate("save step " + std::to_string(job.step));
+    spdlog::error("ckptio: {}", st.to_string());
+  } else {
+    spdlog::debug("ckptio: committed step {} ({} bytes)", job.step, stats.bytes);
+  }
+  stats.stall_seconds = job.stall_seconds;
+  stats.total_seconds = seconds_since(job.started);
+  job.owned.clear();
+  finish_job(job, st, stats);
+}
+
+void CheckpointManager::Impl::finish_job(SaveJob& job, const Status& st, const SaveStats& stats) {
+  const ManagerOptions& options = owner->options();
+  // The callback runs before the handle completes, so that a caller who
+  // waited on the handle knows its callback has run.
+  if (options.on_commit)
+    run_callback("on_commit", job.step, [&] { options.on_commit(CommitEvent{job.step, st, stats}); });
+  job.handle->finish(st, stats);
+  // Retention is the committer's job: process 0 of a group.
+  if (st.ok() && options.processes.index == 0 && (options.max_to_keep > 0 || options.keep_every > 0)) {
+    RetentionEvent r;
+    r.after_step = job.step;
+    r.status = retain(options.max_to_keep, options.keep_every, &r.deleted);
+    if (!r.status.ok()) spdlog::warn("ckptio: retention after step {}: {}", job.step, r.status.to_string());
+    if (options.on_retention) run_callback("on_retention", job.step, [&] { options.on_retention(r); });
+  }
+  {
+    std::lock_guard lock(mu);
+    attempts_in_flight.erase(job.paths.attempt);
+    if (!st.ok() && first_error.ok()) first_error = st;
+    --in_flight;
+  }
+  cv.notify_all();
+}
+
+}  // namespace ckptio

@@ -1,0 +1,169 @@
+// save() on the caller's thread: checks, an in-flight slot, the job planned
+// and queued for the worker, and in copy mode the copy into the pool (the
+// whole pipeline is described at the top of pipeline.cc).
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckptio/index.h"
+#include "src/layout/layout.h"
+#include "src/manager/manager_impl.h"
+#include "src/save/commit.h"
+#include "src/save/group_commit.h"
+#include "src/save/save_job.h"
+#include "src/save/save_plan.h"
+#include "src/save/stage.h"
+#include "src/save/validate.h"
+#include "src/transform/cast.h"
+#include "src/util/clock.h"
+
+namespace ckptio {
+namespace {
+
+// What save() refuses before it takes a slot.
+Status check_save(int64_t step, const std::vector<LeafView>& state, const SaveOptions& options,
+                  const ProcessGroup& group) {
+  if (step < 0) return invalid_argument("step must be >= 0, got " + std::to_string(step));
+  CKPTIO_RETURN_IF_ERROR(check_process_group(group));
+  CKPTIO_RETURN_IF_ERROR(validate_leaves(state, /*partial=*/group.count > 1));
+  if (!options.metadata_json.empty()) CKPTIO_RETURN_IF_ERROR(check_metadata_json(options.metadata_json));
+  if (options.float_dtype && !dtype_is_float(*options.float_dtype))
+    return invalid_argument("float_dtype must be a float dtype");
+  if (options.row_band_ways > kMaxRowBandWays)
+    return invalid_argument("row_band_ways must be at most " + std::to_string(kMaxRowBandWays) + ", got " +
+                            std::to_string(options.row_band_ways));
+  return Status::OK();
+}
+
+// eformer's float_dtype: casts the job's float leaves now, into buffers the
+// job owns.
+Status cast_floats(SaveJob& job, DType to) {
+  for (LeafView& leaf : job.leaves) {
+    if (!dtype_is_float(leaf.dtype) || leaf.dtype == to) continue;
+    for (ShardView& sh : leaf.shards) {
+      uint64_t n = checked_num_bytes(sh.box).value_or(0);
+      Buffer b = Buffer::allocate(n * dtype_size(to));
+      CKPTIO_RETURN_IF_ERROR(cast_elements(leaf.dtype, to, sh.data, b.data(), n));
+      sh.data = b.data();
+      job.owned.push_back(std::move(b));
+    }
+    leaf.dtype = to;
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<LeafView>&& state,
+                                                   const SaveOptions& options,
+                                                   std::chrono::steady_clock::time_point t0) {
+  const int64_t created = unix_ns_now();
+  CKPTIO_RETURN_IF_ERROR(check_save(step, state, options, owner->options().processes));
+
+  // Wait for a slot: at most max_in_flight saves are queued or running.
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return in_flight < owner->options().max_in_flight; });
+    ++in_flight;
+  }
+  auto release_slot = [&] {
+    { std::lock_guard lock(mu); --in_flight; }
+    cv.notify_all();
+  };
+
+  const std::string final_dir = naming.name(step);
+  if (!options.overwrite) {
+    Storage& storage = owner->storage();
+    auto st = storage.stat(index_key(final_dir));
+    if (st.ok()) {
+      release_slot();
+      return Status(Code::kAlreadyExists, "step " + std::to_string(step) + " is already committed at " +
+                                              storage.describe() + "/" + final_dir +
+                                              " (pass overwrite to replace it)");
+    }
+  }
+  auto planned = make_job(step, std::move(state), options, final_dir);
+  if (!planned.ok()) {
+    release_slot();
+    return planned.status();
+  }
+  std::shared_ptr<SaveJob> job = std::move(planned).value();
+  job->started = t0;
+  job->created_unix_ns = created;
+
+  {
+    std::lock_guard lock(mu);
+    attempts_in_flight.insert(job->paths.attempt);
+    queue.push_back(job);
+  }
+  cv.notify_all();
+
+  if (job->copy_mode) {
+    // Copy on the caller's thread and the crew; each chunk goes to the worker
+    // as soon as it is full. Blocks only while every pool buffer is in use.
+    // Checksums are computed here, block by block as each is copied (see
+    // kCopyBlock), per piece; the worker joins them in order.
+    pool->reserve(job->ranges.size());
+    copy_state(*job, *pool, *crew);
+    job->handle->set_released();
+  }
+  // The worker may already be done with a small save: the handle keeps the
+  // stall whichever of the two writes its stats first.
+  job->stall_seconds = seconds_since(t0);
+  job->handle->set_stall(job->stall_seconds);
+  return SaveHandle(job->handle);
+}
+
+Result<std::shared_ptr<SaveJob>> CheckpointManager::Impl::make_job(int64_t step, std::vector<LeafView>&& state,
+                                                                   const SaveOptions& options,
+                                                                   const std::string& final_dir) {
+  Storage& storage = owner->storage();
+  const ProcessGroup& group = owner->options().processes;
+  const bool multi = group.count > 1;
+  auto job = std::make_shared<SaveJob>();
+  job->step = step;
+  job->leaves = std::move(state);
+  job->options = options;
+  job->copy_mode = owner->options().staging == StagingMode::kCopy;
+  job->handle = std::make_shared<SaveHandle::State>();
+  job->handle->pid = owner->made_by_pid_;
+  job->handle->step = step;
+  if (multi) {
+    // Every process names this attempt alike (see src/save/group_commit.cc).
+    uint64_t n = 0;
+    {
+      std::lock_guard lock(mu);
+      n = group_saves[step]++;
+    }
+    job->paths = plan_attempt(storage, final_dir, group_attempt_id(group.run_id, step, n));
+    job->group = true;
+  } else {
+    job->paths = plan_attempt(storage, final_dir);
+  }
+  job->chunk = chunk;
+
+  if (options.float_dtype) CKPTIO_RETURN_IF_ERROR(cast_floats(*job, *options.float_dtype));
+  split_row_bands(job->leaves, options.row_band_ways, row_band_min_bytes());
+  // Borrow mode writes large shards straight from the caller's memory. A
+  // backend that needs aligned data pointers (O_DIRECT) gets their file
+  // offsets following their addresses modulo that alignment, so that the
+  // aligned middle of each qualifies; elsewhere (object stores, buffered
+  // files) the shards are packed: padding would split the restore's reads.
+  const bool zero_copy = !job->copy_mode;
+  job->unit = unit;
+  const uint64_t mem = memory_align;
+  job->plan = plan_save(job->leaves, zero_copy && mem > 1 ? mem : 0, object_bytes, job->unit);
+  job->ranges = plan_write_ranges(job->plan, job->chunk, job->unit, zero_copy, mem);
+  job->handle->total.store(job->plan.bytes(), std::memory_order_release);
+  for (size_t f = 0; f < job->plan.files.size(); ++f)
+    job->data_files.push_back(multi ? group_data_file(job->paths.attempt, group.index, f)
+                                    : data_file_name(job->paths.attempt, static_cast<int>(f)));
+  if (job->copy_mode) job->chunks.resize(job->ranges.size());  // before the worker sees the job
+  return job;
+}
+
+}  // namespace ckptio

@@ -1,0 +1,32 @@
+// Faulting memory in ahead of its first write, without changing its bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <future>
+#include <utility>
+#include <vector>
+
+#include <sys/mman.h>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+
+namespace ckptio {
+
+// Faults in the whole pages of [p, p + len) as writable without changing
+// their contents (MADV_POPULATE_WRITE), so that it is safe while a read is
+// landing in the same memory. False when the kernel cannot (before 5.14):
+// then nothing was done, and the caller must not fall back to writing.
+bool populate_for_write(void* p, size_t len);
+
+// Fresh allocations of a restore, faulted in on a thread of their own
+// (populate_for_write) while the restore fills them: the ranges from the
+// last backwards, each in 8 MiB slices from its end, so that this thread
+// and copies filling them from the front meet in the middle. Invalid when
+// there is nothing to do, no thread to be had, or the kernel cannot. The
+// caller waits on it before freeing the ranges.
+std::future<void> populate_in_background(std::vector<std::pair<std::byte*, uint64_t>> ranges);
+
+}  // namespace ckptio

@@ -1,9 +1,6 @@
 // Registers the local-disk backend for plain paths and file:///path URIs
 // (the registry is in include/ckptio/storage.h).
-#include <cstdlib>
 #include <string>
-
-#include <spdlog/spdlog.h>
 
 #include "backends/local/local_storage.h"
 #include "ckptio/local.h"
@@ -22,16 +19,7 @@ Result<std::shared_ptr<Storage>> open_local(const std::string& uri, const Storag
   return make_local_storage(path, options.get_or_default<LocalOptions>());
 }
 
-const bool registered = [] {
-  for (const char* scheme : {"", "file"}) {
-    Status st = register_storage(scheme, open_local);
-    if (!st.ok()) {
-      spdlog::critical("ckptio: {}", st.to_string());
-      std::abort();  // two local backends linked into one program: a build error
-    }
-  }
-  return true;
-}();
+const StorageRegistration registration({"", "file"}, open_local);
 
 }  // namespace
 }  // namespace ckptio

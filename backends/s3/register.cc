@@ -1,7 +1,6 @@
 // Registers the S3 backend for s3://bucket[/prefix] URIs (the registry is in
 // include/ckptio/storage.h): S3Options (include/ckptio/s3.h) become the
 // overrides of the AWS conventions that resolve_s3_config applies.
-#include <cstdlib>
 #include <string>
 
 #include <spdlog/spdlog.h>
@@ -56,14 +55,7 @@ Result<std::shared_ptr<Storage>> open_s3(const std::string& uri, const StorageOp
   return std::shared_ptr<Storage>(std::move(storage));
 }
 
-const bool registered = [] {
-  Status st = register_storage("s3", open_s3);
-  if (!st.ok()) {
-    spdlog::critical("ckptio: {}", st.to_string());
-    std::abort();  // two S3 backends linked into one program: a build error
-  }
-  return true;
-}();
+const StorageRegistration registration({"s3"}, open_s3);
 
 }  // namespace
 }  // namespace ckptio

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -278,6 +279,16 @@ using StorageOpener =
 // backend of plain paths (no "://"). kAlreadyExists when the scheme is taken.
 // Thread-safe.
 Status register_storage(const std::string& scheme, StorageOpener opener);
+
+// A backend's registration as its library loads, in the spirit of
+// TensorStore's DriverRegistration: a namespace-scope object
+//   const StorageRegistration registration({"s3"}, open_s3);
+// registers each scheme with the opener. A scheme taken already (two
+// backends for one scheme linked into one program: a build error) is
+// reported on stderr and the program aborts.
+struct StorageRegistration {
+  StorageRegistration(std::initializer_list<const char*> schemes, StorageOpener opener);
+};
 
 // The schemes registered so far, sorted ("" for plain paths first).
 std::vector<std::string> registered_storage_schemes();

@@ -2,6 +2,8 @@
 // core opens every URI here and names no backend; backends register as the
 // library loads (backends/*/register.cc).
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -44,6 +46,16 @@ Status register_storage(const std::string& scheme, StorageOpener opener) {
   if (!r.openers.emplace(scheme, std::move(opener)).second)
     return Status(Code::kAlreadyExists, "storage scheme '" + scheme + "' is registered already");
   return Status::OK();
+}
+
+StorageRegistration::StorageRegistration(std::initializer_list<const char*> schemes, StorageOpener opener) {
+  for (const char* scheme : schemes) {
+    Status st = register_storage(scheme, opener);
+    if (!st.ok()) {
+      std::fprintf(stderr, "ckptio: %s\n", st.to_string().c_str());
+      std::abort();
+    }
+  }
 }
 
 std::vector<std::string> registered_storage_schemes() {

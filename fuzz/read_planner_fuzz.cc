@@ -1,5 +1,5 @@
 // Fuzzes the read planner (src/restore/read_planner.h) and its box geometry
-// (src/restore/box_runs.h) with leaves, shardings, targets and options derived from
+// (src/util/box_runs.h) with leaves, shardings, targets and options derived from
 // the input bytes.
 //
 // Input format (bytes past the end read as 0):
@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "src/restore/box_runs.h"
+#include "src/util/box_runs.h"
 #include "src/restore/read_planner.h"
 #include "tests/testutil/read_plan_harness.h"
 

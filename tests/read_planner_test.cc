@@ -1,4 +1,4 @@
-// The read planner (src/restore/read_planner.h) and its box geometry (src/restore/box_runs.h):
+// The read planner (src/restore/read_planner.h) and its box geometry (src/util/box_runs.h):
 // cases, then property tests that execute random plans against in-memory
 // files and compare every target buffer bit for bit.
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <random>
 #include <set>
 
-#include "src/restore/box_runs.h"
+#include "src/util/box_runs.h"
 #include "src/restore/read_planner.h"
 #include "testutil/read_plan_harness.h"
 

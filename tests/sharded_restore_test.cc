@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "ckptio/ckptio.h"
-#include "src/restore/box_runs.h"
+#include "src/util/box_runs.h"
 #include "src/transform/cast.h"
 #include "src/restore/restore_sharded.h"
 #include "src/save/save_plan.h"

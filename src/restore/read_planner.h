@@ -56,7 +56,7 @@
 #include "ckptio/index.h"
 #include "ckptio/status.h"
 #include "ckptio/types.h"
-#include "src/restore/box_runs.h"
+#include "src/util/box_runs.h"
 
 namespace ckptio {
 

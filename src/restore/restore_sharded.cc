@@ -27,7 +27,7 @@
 #include <tuple>
 
 #include "src/util/async.h"
-#include "src/restore/box_runs.h"
+#include "src/util/box_runs.h"
 #include "src/transform/cast.h"
 #include "src/util/crc32c.h"
 #include "src/restore/damage.h"

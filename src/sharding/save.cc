@@ -4,7 +4,7 @@
 #include <set>
 
 #include "ckptio/sharding.h"
-#include "src/restore/box_runs.h"
+#include "src/util/box_runs.h"
 
 namespace ckptio {
 

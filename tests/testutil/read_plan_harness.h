@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "src/restore/box_runs.h"
+#include "src/util/box_runs.h"
 #include "src/util/crc32c.h"
 #include "src/restore/read_planner.h"
 

@@ -1,5 +1,5 @@
 // Box geometry for read planning (see box_runs.h).
-#include "src/restore/box_runs.h"
+#include "src/util/box_runs.h"
 
 #include <algorithm>
 #include <string>

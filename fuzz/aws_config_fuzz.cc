@@ -1,5 +1,5 @@
 // Fuzzes the ~/.aws files and the S3 configuration resolver
-// (backends/s3/s3_config.cc: parse_aws_ini, resolve_s3_config) with fake
+// (backends/s3/aws_files.cc: parse_aws_ini; backends/s3/s3_config.cc: resolve_s3_config) with fake
 // environment and file lookups fed from the input.
 //
 // Input: text in blocks, each started by a line "--- NAME" (NAME: env,

@@ -1,4 +1,4 @@
-// Fuzzes parse_s3_uri (backends/s3/s3_config.cc): s3://bucket[/prefix] as
+// Fuzzes parse_s3_uri (backends/s3/s3_uri.cc): s3://bucket[/prefix] as
 // users type it on the command line or pass it to open_storage().
 //
 // Properties checked on every input (any violation aborts):

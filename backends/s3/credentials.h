@@ -11,7 +11,7 @@
 //                  credential_source = Environment: STS AssumeRole, signed
 //   process        a profile's credential_process (SSO helpers, vaults): a
 //                  command that prints the set as JSON
-// s3_config.cc picks the source (see resolve_s3_config); this file fetches,
+// s3_config_credentials.cc picks the source (see resolve_s3_config); this file fetches,
 // parses and renews.
 //
 // Renewal never blocks a request: a CredentialProvider keeps the current set

@@ -1,0 +1,302 @@
+// create() and create_new(): an object's writer, either one PutObject (an
+// object of at most one part) or a multipart upload (CreateMultipartUpload,
+// an UploadPart per part_size slice, CompleteMultipartUpload, and
+// AbortMultipartUpload on any failure). s3_storage.h states the protocol.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include "backends/s3/s3_storage_internal.h"
+#include "backends/s3/s3_xml.h"
+
+namespace ckptio::s3::storage_internal {
+namespace {
+
+constexpr uint64_t kMaxParts = 10000;
+
+// One object being written: a multipart upload, or a single PutObject.
+class S3Writer : public WritableObject {
+ public:
+  // `early`: create_new(), the key holds nothing to replace (see put_whole).
+  S3Writer(S3Client& client, std::string key, uint64_t part_size, uint64_t size_hint,
+           std::string upload_id, bool early)
+      : c_(client), key_(std::move(key)), part_(part_size), hint_(size_hint),
+        upload_id_(std::move(upload_id)), early_(early) {}
+
+  ~S3Writer() override {
+    if (!closed_) abort();
+  }
+
+  uint64_t granularity() const override { return part_; }
+  uint64_t alignment() const override { return 1; }
+
+  void write_async(uint64_t offset, std::span<const std::byte> data, IoDone done) override {
+    if (upload_id_.empty()) return put_whole(offset, data, std::move(done));
+    if (offset % part_ != 0) {
+      done(invalid_argument(c_.describe(key_) + ": write offset " + std::to_string(offset) +
+                            " is not a multiple of the part size " + std::to_string(part_)));
+      return;
+    }
+    const uint64_t parts = data.empty() ? 0 : (data.size() + part_ - 1) / part_;
+    const uint64_t first_part = offset / part_ + 1;
+    if (parts == 0) return done(Status::OK());
+    if (first_part + parts - 1 > kMaxParts) {
+      done(invalid_argument(c_.describe(key_) + ": more than 10000 parts; raise the part size"));
+      return;
+    }
+    // One callback for the whole range, when its last part lands.
+    struct Range {
+      std::mutex mu;
+      uint64_t left;
+      Status first;
+      IoDone done;
+    };
+    auto range = std::make_shared<Range>();
+    range->left = parts;
+    range->done = std::move(done);
+    {
+      std::lock_guard lock(mu_);
+      outstanding_ += parts;
+    }
+    for (uint64_t i = 0; i < parts; ++i) {
+      const uint64_t pn = first_part + i;
+      const uint64_t len = std::min<uint64_t>(part_, data.size() - i * part_);
+      S3Op op;
+      op.method = "PUT";
+      op.key = key_;
+      op.query = {{"partNumber", std::to_string(pn)}, {"uploadId", upload_id_}};
+      op.body = data.subspan(i * part_, len);
+      op.sign_payload = c_.config().sign_payloads;
+      c_.execute(std::move(op), [this, range, pn, len](Status st, HttpResponse r) {
+        const std::string* etag = r.header("etag");
+        if (st.ok() && !etag) st = io_error(c_.describe(key_) + ": UploadPart returned no ETag");
+        bool last = false;
+        IoDone cb;
+        {
+          std::lock_guard lock(range->mu);
+          if (!st.ok() && range->first.ok()) range->first = st;
+          last = --range->left == 0;
+          if (last) cb = std::move(range->done);
+        }
+        {
+          std::lock_guard lock(mu_);
+          if (st.ok()) parts_[pn] = {*etag, len};
+          else if (first_.ok()) first_ = st;
+        }
+        if (last) cb(range->first);
+        {
+          std::lock_guard lock(mu_);
+          if (--outstanding_ == 0) cv_.notify_all();
+        }
+      });
+    }
+  }
+
+  Status finish(uint64_t final_size) override {
+    Status st = wait_outstanding();
+    closed_ = true;
+    if (!st.ok()) {
+      abort_upload();
+      return st;
+    }
+    if (upload_id_.empty()) {
+      if (single_sent_) {
+        if (final_size == hint_) return Status::OK();  // stored by write_async
+        remove_single();
+        return internal_error(c_.describe(key_) + ": object of " + std::to_string(hint_) +
+                              " bytes was written whole, then finished at " + std::to_string(final_size));
+      }
+      if (final_size == 0) return put_empty();
+      if (!single_done_ || final_size > single_.size())
+        return internal_error(c_.describe(key_) + ": object of " + std::to_string(final_size) +
+                              " bytes was not written whole");
+      S3Op op;
+      op.method = "PUT";
+      op.key = key_;
+      op.body = std::span<const std::byte>(single_.data(), final_size);
+      op.sign_payload = c_.config().sign_payloads;
+      Status put = c_.execute_sync(std::move(op)).first;
+      single_.clear();
+      single_.shrink_to_fit();
+      return put;
+    }
+    if (final_size == 0) {
+      abort_upload();
+      return put_empty();
+    }
+    // The parts must cover [0, final_size) exactly.
+    const uint64_t n = (final_size + part_ - 1) / part_;
+    std::vector<std::pair<int, std::string>> list;
+    {
+      std::lock_guard lock(mu_);
+      if (parts_.size() != n || parts_.begin()->first != 1 || parts_.rbegin()->first != n ||
+          (n - 1) * part_ + parts_.rbegin()->second.second != final_size) {
+        st = internal_error(c_.describe(key_) + ": parts written do not cover " +
+                            std::to_string(final_size) + " bytes");
+      }
+      for (const auto& [pn, p] : parts_) list.emplace_back(static_cast<int>(pn), p.first);
+    }
+    if (!st.ok()) {
+      abort_upload();
+      return st;
+    }
+    std::string xml = build_complete_multipart(list);
+    S3Op op;
+    op.method = "POST";
+    op.key = key_;
+    op.query = {{"uploadId", upload_id_}};
+    op.headers = {{"content-type", "application/xml"}};
+    op.body = as_bytes(xml);
+    op.check = [](const HttpResponse& r) { return parse_complete_multipart(r.body).status(); };
+    auto [cst, resp] = c_.execute_sync(std::move(op));
+    if (!cst.ok()) {
+      abort_upload();
+      return cst.annotate("CompleteMultipartUpload");
+    }
+    return Status::OK();
+  }
+
+  void abort() override {
+    (void)wait_outstanding();
+    closed_ = true;
+    abort_upload();
+    remove_single();
+  }
+
+ private:
+  // An object of at most one part created by create_new() whose one range
+  // is exactly its size hint is PUT at once (below). Otherwise it is published by
+  // finish(), never before: its one range is copied here, so its buffer is
+  // released at once, and PUT by finish().
+  void put_whole(uint64_t offset, std::span<const std::byte> data, IoDone done) {
+    if (offset != 0 || data.size() > part_) {
+      done(invalid_argument(c_.describe(key_) + ": a single-part object must be written in one range"));
+      return;
+    }
+    if (early_ && hint_ > 0 && data.size() == hint_) {
+      // A new key (create_new) and the whole announced object in one range
+      // (a save's bounded data objects): PUT it now, from the caller's
+      // buffer, in parallel with the other objects. finish() then only
+      // waits; abort() deletes it again.
+      {
+        std::lock_guard lock(mu_);
+        ++outstanding_;
+        single_sent_ = true;
+      }
+      S3Op op;
+      op.method = "PUT";
+      op.key = key_;
+      op.body = data;
+      op.sign_payload = c_.config().sign_payloads;
+      c_.execute(std::move(op), [this, done = std::move(done)](Status st, HttpResponse) {
+        {
+          std::lock_guard lock(mu_);
+          if (st.ok()) single_stored_ = true;
+          else if (first_.ok()) first_ = st;
+        }
+        done(st);
+        std::lock_guard lock(mu_);
+        if (--outstanding_ == 0) cv_.notify_all();
+      });
+      return;
+    }
+    {
+      std::lock_guard lock(mu_);
+      single_.assign(data.begin(), data.end());
+      single_done_ = true;
+    }
+    done(Status::OK());
+  }
+
+  Status put_empty() {
+    S3Op op;
+    op.method = "PUT";
+    op.key = key_;
+    return c_.execute_sync(std::move(op)).first;
+  }
+
+  Status wait_outstanding() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return outstanding_ == 0; });
+    return first_;
+  }
+
+  // An aborted object that write_async() already stored is deleted again.
+  void remove_single() {
+    if (!single_stored_) return;
+    single_stored_ = false;
+    S3Op op;
+    op.method = "DELETE";
+    op.key = key_;
+    Status st = c_.execute_sync(std::move(op)).first;
+    if (!st.ok() && st.code() != Code::kNotFound)
+      spdlog::warn("ckptio: delete of aborted object {} failed ({}); gc removes it later",
+                   c_.describe(key_), st.to_string());
+  }
+
+  void abort_upload() {
+    if (upload_id_.empty() || aborted_) return;
+    aborted_ = true;
+    S3Op op;
+    op.method = "DELETE";
+    op.key = key_;
+    op.query = {{"uploadId", upload_id_}};
+    Status st = c_.execute_sync(std::move(op)).first;
+    if (!st.ok() && st.code() != Code::kNotFound)
+      spdlog::warn("ckptio: abort of multipart upload {} failed ({}); gc removes it later",
+                   c_.describe(key_), st.to_string());
+  }
+
+  S3Client& c_;
+  const std::string key_;
+  const uint64_t part_;
+  const uint64_t hint_;
+  const std::string upload_id_;  // empty: single PutObject
+  const bool early_;
+  bool closed_ = false;          // owner thread only
+  bool aborted_ = false;
+
+  std::mutex mu_;  // guards the fields below
+  std::condition_variable cv_;
+  uint64_t outstanding_ = 0;
+  Status first_;
+  std::map<uint64_t, std::pair<std::string, uint64_t>> parts_;  // number -> etag, size
+  bool single_done_ = false;
+  std::vector<std::byte> single_;  // the one range of a single-part object
+  bool single_sent_ = false;       // that range was PUT by write_async()
+  bool single_stored_ = false;     // and the PUT succeeded
+};
+
+}  // namespace
+
+// A data object's writer: `early` for create_new() (see S3Writer).
+Result<std::unique_ptr<WritableObject>> S3StorageImpl::start_object(const std::string& key, uint64_t size_hint,
+                                                                    bool early) {
+  CKPTIO_RETURN_IF_ERROR(check_storage_key(key));
+  const uint64_t part = client_.config().part_size;
+  if (part < kMinPart)
+    return invalid_argument("S3 part size " + std::to_string(part) + " is below S3's 5 MiB minimum");
+  if (size_hint > kMaxParts * part)
+    return invalid_argument(client_.describe(full(key)) + ": " + std::to_string(size_hint) +
+                            " bytes need more than 10000 parts of " + std::to_string(part) +
+                            " bytes; raise the part size");
+  std::string upload_id;
+  if (size_hint > part) {
+    S3Op op;
+    op.method = "POST";
+    op.key = full(key);
+    op.query = {{"uploads", ""}};
+    auto [st, resp] = client_.execute_sync(std::move(op));
+    if (!st.ok()) return st.annotate("CreateMultipartUpload");
+    auto id = parse_initiate_multipart(resp.body);
+    if (!id.ok()) return id.status().annotate(client_.describe(full(key)));
+    upload_id = std::move(id).value();
+  }
+  return std::unique_ptr<WritableObject>(
+      std::make_unique<S3Writer>(client_, full(key), part, size_hint, std::move(upload_id), early));
+}
+
+}  // namespace ckptio::s3::storage_internal

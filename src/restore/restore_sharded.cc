@@ -141,7 +141,7 @@ uint64_t place(uint64_t cursor, uint64_t offset, uint64_t align) {
 DType restored_dtype(const RestoreOptions& options, const std::map<std::string, DType>& want,
                      const std::string& name, DType saved) {
   auto it = want.find(name);
-  if (it != want.end()) return it->second;
+  if (it != want.end() && it->second != saved) return it->second;
   if (options.float_dtype && dtype_is_float(saved)) return *options.float_dtype;
   return saved;
 }

@@ -1,0 +1,594 @@
+// Restore of whole leaves: plan reads per shard, cut into pieces of at most
+// kPieceBytes so that checksumming overlaps reading even for one huge leaf,
+// and hand them to the read executor (src/restore/read_executor.h), which
+// reads two batches at once while this thread checksums the one that landed,
+// scatters its non-contiguous shards into whole leaves and casts where asked
+// (src/transform/transform.h, per piece).
+//
+// A leaf held in one shard is allocated so that its address agrees with the
+// shard's file offset modulo the backend's read alignment, letting direct
+// I/O land in it without a bounce copy. Small shards (<= 256 KiB) that lie
+// next to each other in a file are read together, up to 8 MiB a request:
+// straight into their leaves when those lie in memory as the shards lie in
+// the file (leaves restore allocates: one allocation per group, each leaf a
+// slice of it; caller destinations that happen to be adjacent), otherwise
+// into the executor's staging arenas (up to 64 MiB per batch, two arenas,
+// reused) and copied out.
+//
+// Planning goes in chunks of leaves: the reads of the first chunk start as
+// soon as it is planned, and the rest is planned while they are in flight (a
+// state of 100,000 small leaves spends ~30 ms planning, which otherwise the
+// device would wait for). Chunks double from kFirstChunkLeaves leaves up to
+// kMaxChunkLeaves and hold at most kBatchBytes of payload, or
+// kFileOrderChunkBytes where a chunk's pieces are read in file order (unless
+// one leaf is larger).
+//
+// Why not the box planner (src/restore/read_planner.h), as the restore into
+// a sharding does: its plan is per leaf, and the whole point here is the
+// requests shared across leaves (100,000 small leaves read in a few hundred
+// requests, landing in place) at ~0.3 us of planning per leaf; one
+// ReadPlan per leaf costs several allocations each. Both feed the same
+// executor, transform stage and checksums.
+#include "src/restore/restore_whole.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <tuple>
+
+#include "src/restore/damage.h"
+#include "src/restore/read_executor.h"
+#include "src/transform/transform.h"
+#include "src/util/crc32c.h"
+#include "src/util/position_table.h"
+
+namespace ckptio {
+namespace {
+
+constexpr uint64_t kPieceBytes = 64ull << 20;
+constexpr uint64_t kBatchBytes = 256ull << 20;
+constexpr size_t kFirstChunkLeaves = 1024;
+constexpr size_t kMaxChunkLeaves = 16384;
+// Payload per chunk (unless one leaf is larger): one batch, or, where a
+// chunk is read in file order (below), large, so that its reads cover long
+// stretches of each data file even where the shards of all leaves
+// interleave (row bands). The leaves of a chunk are allocated when it is
+// planned, which a restore does for every leaf anyway.
+constexpr uint64_t kFileOrderChunkBytes = 64ull << 30;
+constexpr uint64_t kSmallShard = 256ull << 10;  // shards up to this size may be grouped
+constexpr uint64_t kGroupGap = 4ull << 10;      // bytes between members read and discarded
+constexpr uint64_t kGroupMax = 8ull << 20;      // per request
+// Staged reads (groups that cannot land in place, pieces of cast leaves) per
+// batch: with two batches in flight up to 16 reads of 8 MiB outstanding, and
+// the two arenas reused from batch to batch.
+constexpr uint64_t kScratchPerBatch = 64ull << 20;
+
+using Clock = std::chrono::steady_clock;
+
+std::string leaf_name(const std::string& prefix, const LeafRecord& leaf) {
+  return prefix + "/" + leaf.path;
+}
+
+// True if `box` occupies one contiguous byte range of the C-order array of
+// `shape`; then `*element_offset` is where it starts.
+bool box_is_contiguous(const Box& box, const Shape& shape, uint64_t* element_offset) {
+  const size_t r = box.rank();
+  size_t k = r;  // dims >= k are spanned fully
+  while (k > 0 && box.start[k - 1] == 0 && box.stop[k - 1] == shape[k - 1]) --k;
+  // dims < k-1 must have extent 1 (the one at k-1 may be partial)
+  for (size_t d = 0; d + 1 < k; ++d)
+    if (box.stop[d] - box.start[d] != 1) return false;
+  uint64_t off = 0;
+  for (size_t d = 0; d < r; ++d) off = off * static_cast<uint64_t>(shape[d]) + box.start[d];
+  *element_offset = off;
+  return true;
+}
+
+// Copies a shard's C-order bytes into its box of the whole array, through
+// the leaf's transform.
+Status scatter_box(const std::byte* src, const Box& box, const Shape& shape, size_t item,
+                   const PieceTransform& tf, std::byte* dst) {
+  const size_t r = box.rank();
+  if (r == 0) return tf.apply(src, dst, item);
+  Shape ext = box.extent();
+  for (int64_t e : ext)
+    if (e == 0) return Status::OK();
+  // Innermost contiguous run: the last dim (merge full trailing dims).
+  size_t inner = r - 1;
+  uint64_t run = static_cast<uint64_t>(ext[inner]) * item;
+  while (inner > 0 && box.start[inner] == 0 && box.stop[inner] == shape[inner]) {
+    --inner;
+    run *= static_cast<uint64_t>(ext[inner]);
+  }
+  // Strides of the whole array, in bytes.
+  std::vector<uint64_t> stride(r);
+  uint64_t s = item;
+  for (size_t d = r; d-- > 0;) { stride[d] = s; s *= static_cast<uint64_t>(shape[d]); }
+  std::vector<int64_t> idx(box.start.begin(), box.start.begin() + inner);
+  for (;;) {
+    uint64_t off = 0;
+    for (size_t d = 0; d < inner; ++d) off += static_cast<uint64_t>(idx[d]) * stride[d];
+    off += static_cast<uint64_t>(box.start[inner]) * stride[inner];
+    CKPTIO_RETURN_IF_ERROR(tf.apply(src, dst + tf.out_offset(off), run));
+    src += run;
+    size_t d = inner;
+    while (d > 0) {
+      --d;
+      if (++idx[d] < box.stop[d]) break;
+      idx[d] = box.start[d];
+      if (d == 0) return Status::OK();
+    }
+    if (inner == 0) return Status::OK();
+  }
+}
+
+struct ShardTask {
+  const std::string* prefix = nullptr;
+  const LeafRecord* leaf_rec = nullptr;
+  size_t shard = 0;                 // index in leaf_rec->shards
+  uint32_t file = 0;                // ordinal of its data file (the executor's key index)
+  const ShardRecord* rec = nullptr;
+  std::byte* bytes = nullptr;   // where the shard's bytes land (leaf or temp; none when staged)
+  uint64_t at = 0;              // of a contiguous shard: its byte offset in the saved leaf
+  Buffer temp;                  // when the shard is scattered afterwards
+  bool scatter = false;
+  bool staged = false;          // contiguous, into a cast leaf: lands in staging, transformed out
+  size_t leaf = 0;              // index into the output leaves
+  uint32_t crc = 0;             // running checksum
+};
+
+struct Piece {
+  size_t task = 0;
+  uint64_t at = 0;   // offset inside the shard
+  uint64_t len = 0;
+  int64_t group = -1;  // >= 0: one read of a Group (task, at unused)
+};
+
+// Small shards next to each other in one data file, read with one request:
+// a state of 100,000 small leaves is then read in a few hundred requests
+// instead of 100,000. A direct group lands in its leaves themselves (they lie
+// in memory as in the file); any other is staged and each shard copied out.
+struct Group {
+  uint32_t file = 0;
+  uint64_t offset = 0;  // in the file
+  uint64_t length = 0;
+  std::vector<size_t> tasks;
+  bool direct = false;
+  Buffer slab;                 // direct, leaves restore allocates: all of them
+  std::byte* bytes = nullptr;  // direct: where byte `offset` lands
+};
+
+// The caller's destinations per selected leaf (a later one for the same
+// leaf wins), refused before any read if one is of the wrong size. Usually
+// the caller lists every selected leaf in the order the index does: then
+// each destination is its leaf's, none repeats (the index's names are
+// unique), and no table is needed.
+Result<std::vector<const RestoreOptions::Destination*>> match_destinations(
+    const std::vector<std::pair<std::string, LeafRecord*>>& selected,
+    const std::vector<RestoreOptions::Destination>& into) {
+  std::vector<const RestoreOptions::Destination*> dests(into.empty() ? 0 : selected.size());
+  size_t wrong_size = SIZE_MAX;  // the first leaf whose destination is of the wrong size
+  bool in_order = into.size() == selected.size();
+  for (size_t i = 0; in_order && i < into.size(); ++i) {  // one pass over names and sizes
+    const LeafRecord& leaf = *selected[i].second;
+    in_order = into[i].path == leaf.path && into[i].prefix == selected[i].first;
+    if (wrong_size == SIZE_MAX && into[i].size != leaf.num_bytes()) wrong_size = i;
+    dests[i] = &into[i];
+  }
+  if (!in_order) {
+    wrong_size = SIZE_MAX;
+    PositionTable destinations(into.size());
+    for (size_t i = 0; i < into.size(); ++i)
+      destinations.slot(hash_names(into[i].prefix, into[i].path), [&](size_t j) {
+        return into[j].path == into[i].path && into[j].prefix == into[i].prefix;
+      }) = i + 1;
+    for (size_t i = 0; i < dests.size(); ++i) {
+      const std::string& prefix = selected[i].first;  // (not a structured binding: clang 14 cannot capture one)
+      const LeafRecord* leaf = selected[i].second;
+      const size_t slot = destinations.slot(hash_names(prefix, leaf->path), [&](size_t j) {
+        return into[j].path == leaf->path && into[j].prefix == prefix;
+      });
+      dests[i] = slot ? &into[slot - 1] : nullptr;
+      if (wrong_size == SIZE_MAX && dests[i] && dests[i]->size != leaf->num_bytes()) wrong_size = i;
+    }
+  }
+  if (wrong_size != SIZE_MAX) {
+    const auto& [prefix, leaf] = selected[wrong_size];
+    return invalid_argument("restore destination for " + leaf_name(prefix, *leaf) + " holds " +
+                            std::to_string(dests[wrong_size]->size) + " bytes, the leaf has " +
+                            std::to_string(leaf->num_bytes()));
+  }
+  return dests;
+}
+
+class WholeRestore : public ReadConsumer {
+ public:
+  WholeRestore(Storage& storage, const std::string& step_dir, const Index& index,
+               const std::vector<std::pair<std::string, LeafRecord*>>& selected, const RestoreOptions& options,
+               std::vector<const RestoreOptions::Destination*> dests, RestoredState* out)
+      : storage_(storage), step_(index.step), selected_(selected), options_(options), dests_(std::move(dests)),
+        out_(*out), align_(std::max<uint64_t>(storage.read_alignment(), 1)),
+        of_step_(" of step " + std::to_string(index.step)) {
+    // One key per data file, numbered in index order.
+    for (const DataFileRecord& f : index.files) {
+      file_ordinal_.try_emplace(f.name, static_cast<uint32_t>(keys_.size()));
+      keys_.push_back(step_dir + "/" + f.name);
+    }
+    tasks_.reserve(selected.size());
+    out_.leaves.reserve(selected.size());
+    // Object stores, for steps whose leaves were saved in several pieces each
+    // (shards of several processes, row bands): there leaf order scatters a
+    // batch over the data files. A step of whole leaves lies in leaf order.
+    size_t shards = 0;
+    for (const auto& sel : selected) shards += sel.second->shards.size();
+    file_order_ = !storage.caps().atomic_rename && shards > selected.size();
+    // The template's dtypes matter only where they may differ (allow_cast;
+    // check_template refused every other mismatch).
+    if (options.allow_cast)
+      for (const LeafSpec& e : options.expected) want_[e.prefix + "/" + e.path] = e.dtype;
+  }
+
+  const std::vector<std::string>& keys() const { return keys_; }
+  Clock::time_point first_planned() const { return first_planned_; }
+
+  Result<bool> more(std::vector<ExecRead>* reads) override {
+    CKPTIO_RETURN_IF_ERROR(plan_chunk(reads));
+    if (chunk_ends_.size() == 1) first_planned_ = Clock::now();
+    return next_leaf_ < selected_.size();
+  }
+
+  std::byte* destination(size_t i) override {
+    const Piece& p = pieces_[i];
+    if (p.group >= 0) return groups_[p.group].direct ? groups_[p.group].bytes : nullptr;
+    ShardTask& t = tasks_[p.task];
+    if (t.staged) return nullptr;
+    if (t.scatter && p.at == 0) {  // its temporary, made as its first piece is launched
+      t.temp = Buffer::allocate(t.rec->length, std::max<uint64_t>(align_, 64), t.rec->offset % align_);
+      t.bytes = t.temp.data();
+    }
+    return t.bytes + p.at;
+  }
+
+  // Checksums a piece (a group: each member) and completes shards at their
+  // end: a non-contiguous shard is scattered into its leaf and its temporary
+  // freed, so temporaries live only while their shard is in flight and a
+  // step saved in non-contiguous shards (a 2x4 mesh) restores in memory
+  // bounded by the batches, the scatter overlapping the reads.
+  Status landed(size_t i, const std::byte* bytes) override {
+    const Piece& p = pieces_[i];
+    if (p.group >= 0) {
+      const Group& g = groups_[p.group];
+      for (size_t ti : g.tasks) {
+        ShardTask& t = tasks_[ti];
+        const std::byte* in = bytes + (t.rec->offset - g.offset);
+        if (options_.verify && crc32c(in, t.rec->length, 0) != t.rec->crc32c) return checksum_mismatch(t);
+        if (g.direct) continue;
+        CKPTIO_RETURN_IF_ERROR(t.scatter ? scatter(t, in) : deliver(t, in, 0, t.rec->length));
+      }
+      return Status::OK();
+    }
+    ShardTask& t = tasks_[p.task];
+    if (options_.verify) t.crc = crc32c(bytes, p.len, t.crc);
+    if (t.staged) CKPTIO_RETURN_IF_ERROR(deliver(t, bytes, p.at, p.len));
+    if (p.at + p.len != t.rec->length) return Status::OK();
+    if (options_.verify && t.crc != t.rec->crc32c) return checksum_mismatch(t);
+    if (t.scatter) {
+      CKPTIO_RETURN_IF_ERROR(scatter(t, t.bytes));
+      t.temp = Buffer();
+      t.bytes = nullptr;
+    }
+    return Status::OK();
+  }
+
+  // Leaves whose reads are all delivered: their names and shapes move from
+  // the index to the result and their shard records are freed, on this
+  // thread while later reads are in flight. (The index is ours to take
+  // apart: the caller discards it; `selected` points into it.)
+  void delivered(size_t end) override {
+    size_t leaf_end = released_;
+    while (chunks_done_ < chunk_ends_.size() && chunk_ends_[chunks_done_].first <= end)
+      leaf_end = chunk_ends_[chunks_done_++].second;
+    release(leaf_end);
+  }
+  void release_all() { release(out_.leaves.size()); }
+
+  // Read i failed on its own: names the shard (for a group of small shards,
+  // the member that fails on its own).
+  Status failed(size_t i, Status st) override {
+    const Piece& p = pieces_[i];
+    if (p.group < 0) {
+      const ShardTask& t = tasks_[p.task];
+      return data_read_error(st, "restore " + where(t) + of_step_, storage_.describe() + "/" + keys_[t.file]);
+    }
+    const Group& g = groups_[p.group];
+    for (size_t ti : g.tasks) {
+      const ShardTask& t = tasks_[ti];
+      Buffer scratch = Buffer::allocate(t.rec->length, std::max<uint64_t>(align_, 64), t.rec->offset % align_);
+      ReadRequest r{keys_[t.file], t.rec->offset, t.rec->length, scratch.data()};
+      Status one = storage_.read(std::span<const ReadRequest>(&r, 1));
+      if (!one.ok())
+        return data_read_error(one, "restore " + where(t) + of_step_, storage_.describe() + "/" + keys_[t.file]);
+    }
+    return data_read_error(st, "restore the " + std::to_string(g.tasks.size()) + " small shards from " +
+                                   where(tasks_[g.tasks.front()]) + " on" + of_step_,
+                           storage_.describe() + "/" + keys_[g.file]);
+  }
+
+ private:
+  // "model/params.w shard 0 (file data-...bin, bytes [0, 64))", for messages:
+  // built only when one is needed (a restore of 100,000 leaves builds none).
+  static std::string where(const ShardTask& t) {
+    return leaf_name(*t.prefix, *t.leaf_rec) + " shard " + std::to_string(t.shard) + " (file " + t.rec->file +
+           ", " + byte_range(t.rec->offset, t.rec->length) + ")";
+  }
+  Status checksum_mismatch(const ShardTask& t) const {
+    return data_loss("checksum mismatch in " + where(t) + of_step_ + " at " + storage_.describe() + "/" +
+                     keys_[t.file]);
+  }
+  Status scatter(const ShardTask& t, const std::byte* from) {
+    Tensor& leaf = out_.leaves[t.leaf];
+    return scatter_box(from, t.rec->box, t.leaf_rec->shape, dtype_size(t.leaf_rec->dtype), transforms_[t.leaf],
+                       leaf.data.data());
+  }
+  // Bytes [at, at + len) of contiguous shard t, landed at `in`, into its leaf.
+  Status deliver(const ShardTask& t, const std::byte* in, uint64_t at, uint64_t len) {
+    const PieceTransform& tf = transforms_[t.leaf];
+    return tf.apply(in, out_.leaves[t.leaf].data.data() + tf.out_offset(t.at + at), len);
+  }
+
+  // The dtype leaf i is restored in: the template's (allow_cast), else
+  // float_dtype for floating leaves, else as saved.
+  Result<DType> restored_dtype(size_t i) const {
+    const auto& [prefix, leaf] = selected_[i];
+    std::optional<DType> to;
+    if (!want_.empty()) {
+      auto it = want_.find(leaf_name(prefix, *leaf));
+      if (it != want_.end() && it->second != leaf->dtype) to = it->second;
+    }
+    if (!to && options_.float_dtype && dtype_is_float(leaf->dtype) && leaf->dtype != *options_.float_dtype)
+      to = options_.float_dtype;
+    if (!to) return leaf->dtype;
+    if (!dests_.empty() && dests_[i])
+      return invalid_argument("restore destination for " + leaf_name(prefix, *leaf) + " cannot take a cast to " +
+                              std::string(dtype_name(*to)));
+    return *to;
+  }
+
+  Status plan_chunk(std::vector<ExecRead>* reads);
+  void group_small_shards(size_t task_begin, std::vector<int64_t>* group_of);
+  void allocate(size_t leaf_begin, size_t group_begin);
+
+  void release(size_t leaf_end) {
+    for (; released_ < leaf_end; ++released_) {
+      LeafRecord& leaf = *selected_[released_].second;
+      out_.leaves[released_].path = std::move(leaf.path);
+      out_.leaves[released_].shape = std::move(leaf.shape);
+      std::vector<ShardRecord>().swap(leaf.shards);
+    }
+  }
+
+  Storage& storage_;
+  const int64_t step_;
+  const std::vector<std::pair<std::string, LeafRecord*>>& selected_;
+  const RestoreOptions& options_;
+  const std::vector<const RestoreOptions::Destination*> dests_;
+  RestoredState& out_;
+  const uint64_t align_;
+  const std::string of_step_;
+  std::vector<std::string> keys_;
+  std::map<std::string, uint32_t, std::less<>> file_ordinal_;
+  std::map<std::string, DType> want_;
+  bool file_order_ = false;
+
+  std::vector<ShardTask> tasks_;
+  std::vector<Group> groups_;
+  std::vector<Piece> pieces_;               // parallel to the executor's reads
+  std::vector<PieceTransform> transforms_;  // per leaf
+  std::vector<bool> allocate_later_;        // per leaf: no caller's destination, not yet allocated
+  // Per chunk: its reads end at .first, its leaves at .second.
+  std::vector<std::pair<size_t, size_t>> chunk_ends_;
+  size_t chunks_done_ = 0;
+  size_t next_leaf_ = 0;  // the first leaf not yet planned
+  size_t chunk_leaves_ = kFirstChunkLeaves;
+  size_t released_ = 0;
+  Clock::time_point first_planned_;
+};
+
+// Plans the next chunk: one task per shard, groups of small shards, the
+// allocation of the leaves, pieces and their reads.
+Status WholeRestore::plan_chunk(std::vector<ExecRead>* reads) {
+  const size_t leaf_begin = next_leaf_, task_begin = tasks_.size(), group_begin = groups_.size();
+  const uint64_t chunk_max = file_order_ ? kFileOrderChunkBytes : kBatchBytes;
+  uint64_t chunk_bytes = 0;
+  auto file = file_ordinal_.end();  // of the shard before: shards come in runs of one file
+  for (; next_leaf_ < selected_.size() && next_leaf_ - leaf_begin < chunk_leaves_; ++next_leaf_) {
+    const auto& [prefix, leaf] = selected_[next_leaf_];
+    if (next_leaf_ > leaf_begin && chunk_bytes + leaf->num_bytes() > chunk_max) break;
+    Tensor t;
+    t.prefix = prefix;  // path and shape: moved from the index once the data is in
+    CKPTIO_ASSIGN_OR_RETURN(t.dtype, restored_dtype(next_leaf_));
+    transforms_.emplace_back(leaf->dtype, t.dtype);
+    const bool cast = t.dtype != leaf->dtype;
+    const size_t item = dtype_size(leaf->dtype);
+    const RestoreOptions::Destination* dest = dests_.empty() ? nullptr : dests_[next_leaf_];
+    if (dest) t.data = Buffer::wrap(dest->data, dest->size);
+    allocate_later_.push_back(dest == nullptr);
+    for (size_t i = 0; i < leaf->shards.size(); ++i) {
+      const ShardRecord& rec = leaf->shards[i];
+      ShardTask task;
+      task.prefix = &prefix;
+      task.leaf_rec = leaf;
+      task.shard = i;
+      if (file == file_ordinal_.end() || file->first != rec.file) file = file_ordinal_.find(rec.file);
+      if (file == file_ordinal_.end())  // the index reader checks every reference
+        return internal_error("shard of " + leaf_name(prefix, *leaf) + " names unlisted file " + rec.file);
+      task.file = file->second;
+      task.rec = &rec;
+      task.leaf = out_.leaves.size();
+      uint64_t elem = 0;
+      if (box_is_contiguous(rec.box, leaf->shape, &elem)) {
+        task.at = elem * item;
+        task.staged = cast;
+        if (dest) task.bytes = t.data.data() + task.at;
+      } else {
+        task.scatter = true;  // its temporary comes with its first read (destination())
+      }
+      tasks_.push_back(std::move(task));
+    }
+    out_.leaves.push_back(std::move(t));
+    out_.stats.bytes_needed += leaf->num_bytes();
+    chunk_bytes += leaf->num_bytes();
+  }
+  chunk_leaves_ = std::min(2 * chunk_leaves_, kMaxChunkLeaves);
+
+  std::vector<int64_t> group_of(tasks_.size() - task_begin, -1);  // per task of the chunk
+  group_small_shards(task_begin, &group_of);
+  allocate(leaf_begin, group_begin);
+
+  std::vector<Piece> chunk;
+  for (size_t i = task_begin; i < tasks_.size(); ++i) {
+    ShardTask& t = tasks_[i];
+    if (!t.scatter && !t.staged && !t.bytes) t.bytes = out_.leaves[t.leaf].data.data() + t.at;
+    const int64_t gi = group_of[i - task_begin];
+    if (gi >= 0) {
+      if (groups_[gi].tasks.front() == i) chunk.push_back(Piece{i, 0, groups_[gi].length, gi});
+      continue;
+    }
+    for (uint64_t at = 0; at < t.rec->length; at += kPieceBytes)
+      chunk.push_back(Piece{i, at, std::min(kPieceBytes, t.rec->length - at)});
+  }
+  // In file order (object stores, steps of leaves in several pieces), so
+  // that a batch holds neighbouring ranges of a data file, which the store
+  // serves with one GET, even where the file interleaves the shards of many
+  // leaves (row bands). Stable: a shard's pieces keep their order, which its
+  // streaming checksum needs. Local disk keeps leaf order: a request costs
+  // little there, and a batch's scatters then stay within a few leaves (file
+  // order measured ~25% slower on a 2x4-saved step, docs/read-planning.md
+  // "Row bands").
+  auto position = [&](const Piece& p) {
+    if (p.group >= 0) return std::pair(groups_[p.group].file, groups_[p.group].offset);
+    const ShardTask& t = tasks_[p.task];
+    return std::pair(t.file, t.rec->offset + p.at);
+  };
+  if (file_order_)
+    std::stable_sort(chunk.begin(), chunk.end(),
+                     [&](const Piece& a, const Piece& b) { return position(a) < position(b); });
+  for (const Piece& p : chunk) {
+    const auto [f, offset] = position(p);
+    reads->push_back(ExecRead{f, offset, p.len});
+    pieces_.push_back(p);
+  }
+  chunk_ends_.emplace_back(reads->size(), next_leaf_);
+  return Status::OK();
+}
+
+// Groups the chunk's small shards by file position.
+void WholeRestore::group_small_shards(size_t task_begin, std::vector<int64_t>* group_of) {
+  std::vector<size_t> order;
+  for (size_t i = task_begin; i < tasks_.size(); ++i)
+    if (tasks_[i].rec->length > 0 && tasks_[i].rec->length <= kSmallShard) order.push_back(i);
+  auto by_position = [&](size_t a, size_t b) {
+    return std::tie(tasks_[a].file, tasks_[a].rec->offset) < std::tie(tasks_[b].file, tasks_[b].rec->offset);
+  };
+  if (!std::is_sorted(order.begin(), order.end(), by_position))  // usually they are: saved in this order
+    std::sort(order.begin(), order.end(), by_position);
+  Group g;
+  auto close = [&] {
+    if (g.tasks.size() >= 2) {
+      for (size_t t : g.tasks) (*group_of)[t - task_begin] = static_cast<int64_t>(groups_.size());
+      groups_.push_back(std::move(g));
+    }
+    g = Group{};
+  };
+  for (size_t i : order) {
+    const ShardRecord& r = *tasks_[i].rec;
+    const bool fits = !g.tasks.empty() && tasks_[i].file == g.file && r.offset >= g.offset + g.length &&
+                      r.offset <= g.offset + g.length + kGroupGap && r.offset + r.length - g.offset <= kGroupMax;
+    if (!fits) {
+      close();
+      g.file = tasks_[i].file;
+      g.offset = r.offset;
+    }
+    g.tasks.push_back(i);
+    g.length = r.offset + r.length - g.offset;
+  }
+  close();
+}
+
+// Direct groups, and the allocation of the leaves left. A group is direct
+// when every member is a whole leaf restore allocates, in the dtype it was
+// saved in (one allocation for the group, placed so that its address agrees
+// with the group's file offset modulo the read alignment, as a leaf's own
+// would be; each leaf a slice of it, so the group's memory is freed with its
+// last leaf), or when every member's destination follows the one before
+// exactly as its shard follows in the file (no gap: the caller's bytes only).
+void WholeRestore::allocate(size_t leaf_begin, size_t group_begin) {
+  const uint64_t alignment = std::max<uint64_t>(align_, 64);
+  for (size_t gi = group_begin; gi < groups_.size(); ++gi) {
+    Group& g = groups_[gi];
+    bool ours = true, theirs = true;
+    for (size_t k = 0; k < g.tasks.size() && (ours || theirs); ++k) {
+      const ShardTask& t = tasks_[g.tasks[k]];
+      const bool later = allocate_later_[t.leaf];
+      ours = ours && later && t.leaf_rec->shards.size() == 1 && !t.staged;
+      if (k == 0) {
+        theirs = theirs && !later && !t.scatter;
+        continue;
+      }
+      const ShardTask& before = tasks_[g.tasks[k - 1]];
+      theirs = theirs && !later && !t.scatter && t.rec->offset == before.rec->offset + before.rec->length &&
+               t.bytes == before.bytes + before.rec->length;
+    }
+    if (ours) {
+      g.direct = true;
+      g.slab = Buffer::allocate(g.length, alignment, g.offset % align_);
+      g.bytes = g.slab.data();
+      for (size_t ti : g.tasks) {
+        ShardTask& t = tasks_[ti];
+        out_.leaves[t.leaf].data = g.slab.slice(t.rec->offset - g.offset, t.rec->length);
+        allocate_later_[t.leaf] = false;
+      }
+    } else if (theirs) {
+      g.direct = true;
+      g.bytes = tasks_[g.tasks.front()].bytes;
+    }
+  }
+  for (size_t i = leaf_begin; i < next_leaf_; ++i) {
+    if (!allocate_later_[i]) continue;
+    const LeafRecord& leaf = *selected_[i].second;
+    const PieceTransform& tf = transforms_[i];
+    const uint64_t phase = tf.identity() && leaf.shards.size() == 1 ? leaf.shards[0].offset % align_ : 0;
+    out_.leaves[i].data = Buffer::allocate(tf.out_offset(leaf.num_bytes()), alignment, phase);
+    allocate_later_[i] = false;
+  }
+}
+
+}  // namespace
+
+Status restore_whole(Storage& storage, const std::string& step_dir, const Index& index,
+                     const std::vector<std::pair<std::string, LeafRecord*>>& selected,
+                     const RestoreOptions& options, RestoredState* out) {
+  const auto t0 = Clock::now();
+  CKPTIO_ASSIGN_OR_RETURN(auto dests, match_destinations(selected, options.into));
+  WholeRestore restore(storage, step_dir, index, selected, options, std::move(dests), out);
+  ReadExecutorLimits limits;
+  limits.batch_bytes = kBatchBytes;
+  limits.staging_bytes = kScratchPerBatch;
+  limits.align = std::max<uint64_t>(storage.read_alignment(), 1);
+  std::vector<ExecRead> reads;
+  ReadExecutorStats stats;
+  CKPTIO_RETURN_IF_ERROR(execute_reads(storage, restore.keys(), &reads, restore, limits,
+                                       "restore step " + std::to_string(index.step), &stats));
+  restore.release_all();
+  const auto t1 = Clock::now();
+  out->stats.bytes_read = stats.bytes_read;
+  out->stats.requests = stats.requests;
+  // Until the first chunk was planned: what the reads waited for.
+  out->stats.plan_seconds = std::chrono::duration<double>(restore.first_planned() - t0).count();
+  out->stats.read_seconds = std::chrono::duration<double>(t1 - restore.first_planned()).count();
+  return Status::OK();
+}
+
+}  // namespace ckptio

@@ -1,0 +1,230 @@
+"""Staging modes, handles, errors, retention, lifetime."""
+
+import gc
+import os
+import sys
+import weakref
+
+import numpy as np
+import pytest
+
+import ckptio
+from conftest import run_python
+
+
+def test_copy_mode_lets_the_caller_change_its_arrays_at_once(ckpt_dir):
+    w = np.arange(1 << 20, dtype=np.float32)
+    with ckptio.CheckpointManager(ckpt_dir, staging="copy") as mgr:
+        h = mgr.save(1, {"m": {"w": w}})
+        w[:] = -1  # save() returned: the state is staged
+        h.wait()
+        assert h.released() and h.done()
+        out = mgr.restore(1)
+    np.testing.assert_array_equal(out["m"]["w"], np.arange(1 << 20, dtype=np.float32))
+
+
+def test_borrow_mode_keeps_the_arrays_alive_until_released(ckpt_dir):
+    class Tracked(np.ndarray):
+        pass
+
+    w = np.arange(1 << 20, dtype=np.float64).view(Tracked)
+    alive = weakref.ref(w)
+    expected = np.arange(1 << 20, dtype=np.float64)
+    with ckptio.CheckpointManager(ckpt_dir, staging="borrow") as mgr:
+        h = mgr.save(1, {"m": {"w": w}})
+        del w
+        gc.collect()
+        if not h.done():
+            assert alive() is not None, "a borrowed array was freed while the save may still read it"
+        h.wait()
+        assert h.released()
+        gc.collect()
+        assert alive() is None, "the handle kept the borrowed array after the save was done"
+        np.testing.assert_array_equal(mgr.restore(1)["m"]["w"], expected)
+
+
+def test_borrow_mode_refuses_what_it_cannot_read_in_place(ckpt_dir):
+    a = np.arange(12.0).reshape(3, 4)
+    with ckptio.CheckpointManager(ckpt_dir, staging="borrow") as mgr:
+        with pytest.raises(ckptio.InvalidArgument, match="not C-contiguous"):
+            mgr.save(1, {"m": {"t": a.T}})
+        mgr.save(1, {"m": {"t": np.ascontiguousarray(a.T)}}).wait()
+
+
+@pytest.mark.parametrize("state, match", [
+    ({"m": {"o": np.array([object()], dtype=object)}}, "dtype object"),
+    ({"m": {"a.b": np.ones(1), "a": {"b": np.ones(1)}}}, "twice"),
+    ({"m": {"": np.ones(1)}}, "empty key"),
+    ({"m": {(1, 2): np.ones(1)}}, "keys must be str or int"),
+    ({"m": {"s": {1, 2}}}, "is not a leaf ckptio can save"),
+    ({"m": {"x": np.ones(1, dtype="U3")}}, "cannot be saved"),
+    ({"m": {"x": 1 << 70}}, "does not fit"),
+    ([np.ones(1)], "must be a dict"),
+    ({"m": {"0": np.ones(1), 0: np.ones(1)}}, "twice"),
+])
+def test_bad_input_is_a_clear_error(ckpt_dir, state, match):
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        with pytest.raises(ckptio.InvalidArgument, match=match):
+            mgr.save(1, state)
+        assert mgr.latest_step() is None
+
+
+def test_errors_map_to_classes_with_the_cpp_message(ckpt_dir, tmp_path):
+    for code, cls in ckptio.errors.BY_CODE.items():
+        with pytest.raises(cls, match="the message") as e:
+            ckptio._ckptio._raise_status(code, "the message")
+        assert isinstance(e.value, ckptio.Error) and e.value.code == code
+    assert issubclass(ckptio.InvalidArgument, ValueError) and issubclass(ckptio.NotFound, LookupError)
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        with pytest.raises(ckptio.NotFound):
+            mgr.restore()
+        with pytest.raises(ckptio.NotFound):
+            mgr.restore(5)
+        mgr.save(5, {"m": {"w": np.ones(1000)}}).wait()
+        with pytest.raises(ckptio.AlreadyExists, match="already committed"):
+            mgr.save(5, {"m": {"w": np.ones(1000)}})
+        mgr.save(5, {"m": {"w": np.zeros(1000)}}, overwrite=True).wait()
+        assert mgr.restore(5)["m"]["w"][0] == 0
+        with pytest.raises(ckptio.InvalidArgument):
+            mgr.save(6, {"m": {"w": np.ones(1)}}, metadata={"x": object()})
+        # Damage a data file: restore(5) names it as DataLoss; verify too.
+        step_dir = os.path.join(ckpt_dir, "run-5")
+        data = [f for f in os.listdir(step_dir) if f.startswith("data")][0]
+        with open(os.path.join(step_dir, data), "r+b") as f:
+            f.seek(100)
+            f.write(b"\xff\xfe\xfd")
+        with pytest.raises(ckptio.DataLoss, match="m/w"):
+            mgr.restore(5)
+        with pytest.raises(ckptio.DataLoss):
+            mgr.verify(5)
+    with pytest.raises(ckptio.InvalidArgument):
+        ckptio.CheckpointManager(str(tmp_path / "x"), staging="lazy")
+    with pytest.raises(ckptio.InvalidArgument, match="unknown"):
+        ckptio._ckptio.Manager(str(tmp_path / "y"), {"no_such_option": 1}, {}, {})
+
+
+def test_a_closed_manager_raises(ckpt_dir):
+    mgr = ckptio.CheckpointManager(ckpt_dir)
+    mgr.close()
+    mgr.close()  # idempotent
+    assert mgr.closed
+    with pytest.raises(ckptio.FailedPrecondition, match="closed"):
+        mgr.save(1, {"m": {"w": np.ones(1)}})
+    with pytest.raises(ckptio.FailedPrecondition):
+        mgr.latest_step()
+
+
+def test_retention(ckpt_dir):
+    with ckptio.CheckpointManager(ckpt_dir, max_to_keep=2, keep_every=4) as mgr:
+        for step in range(1, 8):
+            mgr.save(step, {"m": {"w": np.full(10, step)}})
+        mgr.wait_until_finished()
+        assert mgr.all_steps() == [4, 6, 7]
+
+
+def test_close_joins_saves_in_flight(ckpt_dir):
+    mgr = ckptio.CheckpointManager(ckpt_dir, staging="borrow", max_in_flight=4)
+    for step in range(4):
+        mgr.save(step, {"m": {"w": np.full(1 << 20, step, np.float32)}})
+    mgr.close()
+    with ckptio.CheckpointManager(ckpt_dir) as again:
+        assert again.all_steps() == [0, 1, 2, 3]
+
+
+def test_wait_timeout_then_the_saves_error(ckpt_dir):
+    """A save by 2 processes whose second never comes: the coordinator waits
+    for its manifest, then fails the save (Unavailable)."""
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        mgr.save(1, {"m": {"w": np.ones(4)}}).wait()
+    with ckptio.CheckpointManager(ckpt_dir, processes=dict(index=0, count=2, run_id="t1",
+                                                           timeout_seconds=1.0)) as grp:
+        h = grp.save(2, {"m": {"w": np.ones(4)}})
+        with pytest.raises(TimeoutError):
+            h.wait(timeout=0.05)
+        assert not h.done()
+        with pytest.raises(ckptio.Unavailable, match="manifest"):
+            h.wait()
+        assert isinstance(h.exception(), ckptio.Unavailable)
+        with pytest.raises(ckptio.Unavailable):
+            grp.wait_until_finished()
+        assert grp.latest_step() == 1
+
+
+def test_interpreter_exit_with_saves_in_flight(tmp_path):
+    """No close(), no wait: exiting waits for the saves, then exits 0."""
+    d = str(tmp_path / "c")
+    code = """
+import sys, numpy as np, ckptio
+seen = []
+mgr = ckptio.CheckpointManager(sys.argv[1], staging="borrow", max_in_flight=3,
+                               on_commit=lambda e: seen.append(e.step))
+for step in range(3):
+    h = mgr.save(step, {"m": {"w": np.full(4 << 20, step, np.float32)}})
+    h.add_done_callback(lambda h: print("done", h.step, flush=True))
+del mgr  # collected with saves in flight: closed as close() would
+mgr = ckptio.CheckpointManager(sys.argv[1] + "2", staging="borrow")
+h = mgr.save(7, {"m": {"w": np.full(4 << 20, 7, np.float32)}})
+h.add_done_callback(lambda h: print("done", h.step, flush=True))
+print("exiting", flush=True)
+"""
+    r = run_python(code, d)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split()
+    assert "exiting" in lines and all(f"{i}" in lines for i in ("0", "1", "2")), r.stdout
+    with ckptio.CheckpointManager(d) as mgr:
+        assert mgr.all_steps() == [0, 1, 2]
+    with ckptio.CheckpointManager(d + "2") as mgr:
+        assert mgr.all_steps() == [7]
+    assert "7" in lines
+
+
+def test_latest_step_after_a_sigkilled_save_is_the_previous_step(tmp_path):
+    """A process killed mid-save (SIGKILL) leaves that step uncommitted and the
+    previous latest intact. The save is held before its commit by a second
+    process that never comes, so the kill lands mid-save every time."""
+    import signal
+    import subprocess
+    d = str(tmp_path / "c")
+    code = """
+import sys, time, numpy as np, ckptio
+with ckptio.CheckpointManager(sys.argv[1]) as m:
+    m.save(1, {"m": {"w": np.full(1 << 20, 1.0)}}).wait()
+g = ckptio.CheckpointManager(sys.argv[1], staging="borrow",
+                             processes=dict(index=0, count=2, run_id="k1", timeout_seconds=600))
+w = np.full(8 << 20, 2.0)
+h = g.save(2, {"m": {"w": w}})
+while h.progress["durable"] < h.progress["total"] or h.progress["total"] == 0:
+    time.sleep(0.005)
+print("data durable, waiting for the commit", flush=True)
+time.sleep(600)
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    p = subprocess.Popen([sys.executable, "-c", code, d], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert p.stdout.readline().startswith("data durable")
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    with ckptio.CheckpointManager(d) as mgr:
+        assert mgr.latest_step() == 1 and mgr.all_steps() == [1]
+        dirs = {x["name"]: x["committed"] for x in mgr.step_dirs()}
+        assert any(n.startswith("run-2.tmp-") and not c for n, c in dirs.items()), dirs
+        assert mgr.restore()["m"]["w"][0] == 1.0
+
+
+def test_a_manager_in_a_forked_child_raises(ckpt_dir):
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        mgr.save(1, {"m": {"w": np.ones(8)}}).wait()
+        pid = os.fork()
+        if pid == 0:  # the child: every call fails at once, nothing hangs
+            code = 3
+            try:
+                mgr.latest_step()
+            except ckptio.FailedPrecondition:
+                code = 0
+            except BaseException:
+                code = 4
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0
+        assert mgr.latest_step() == 1

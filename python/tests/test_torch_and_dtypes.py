@@ -1,0 +1,122 @@
+"""PyTorch tensors in and out; bfloat16 and float8 with and without ml_dtypes."""
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import ckptio
+from ckptio import _leaves
+
+torch = pytest.importorskip("torch", reason="python3-torch is not installed (tools/setup-deps installs it)")
+
+
+def test_torch_model_and_optimizer_round_trip(ckpt_dir):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(5, 8)).sum().backward()
+    opt.step()
+    state = {"model": model.state_dict(), "optim": opt.state_dict(),
+             "extra": {"bf16": torch.randn(3, 5).to(torch.bfloat16), "i": torch.arange(7, dtype=torch.int32),
+                       "b": torch.tensor([True, False]), "t": torch.randn(4, 6).t()}}
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        mgr.save(1, state).wait()
+        names = {(l.prefix, l.path) for l in mgr.leaves(1)}
+        assert ("model", "0.weight") in names and ("optim", "state.0.exp_avg") in names
+        out = mgr.restore(1, like=state)
+        plain = mgr.restore(1)
+    for k, v in state["model"].items():
+        assert isinstance(out["model"][k], torch.Tensor) and torch.equal(out["model"][k], v)
+        assert isinstance(plain["model"][k], np.ndarray)
+    assert out["extra"]["bf16"].dtype == torch.bfloat16 and torch.equal(out["extra"]["bf16"], state["extra"]["bf16"])
+    assert torch.equal(out["extra"]["t"], state["extra"]["t"]) and torch.equal(out["extra"]["b"], state["extra"]["b"])
+    # The restored optimizer state loads back into a fresh optimizer.
+    model2 = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    model2.load_state_dict(out["model"])
+    opt2 = torch.optim.Adam(model2.parameters(), lr=1e-3)
+    opt2.load_state_dict(out["optim"])
+    assert opt2.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
+    for k, s in opt.state_dict()["state"].items():
+        for name, t in s.items():
+            assert torch.equal(opt2.state_dict()["state"][k][name], t)
+
+
+def test_torch_borrow_mode_and_restore_into_tensors(ckpt_dir):
+    w = torch.randn(256, 128)
+    b = torch.randn(64).to(torch.bfloat16)
+    with ckptio.CheckpointManager(ckpt_dir, staging="borrow") as mgr:
+        with pytest.raises(ckptio.InvalidArgument, match="not contiguous"):
+            mgr.save(1, {"m": {"w": w.t()}})
+        mgr.save(1, {"m": {"w": w, "b": b}}).wait()
+        into = {"m": {"w": torch.empty(256, 128), "b": torch.empty(64, dtype=torch.bfloat16)}}
+        out = mgr.restore(1, into=into)
+    assert out["m"]["w"] is into["m"]["w"] and torch.equal(into["m"]["w"], w)
+    assert torch.equal(into["m"]["b"], b)
+
+
+def test_tensors_that_need_grad_are_saved_detached(ckpt_dir):
+    p = torch.nn.Parameter(torch.randn(3))
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        mgr.save(1, {"m": {"p": p}}).wait()
+        np.testing.assert_array_equal(mgr.restore(1)["m"]["p"], p.detach().numpy())
+
+
+@pytest.fixture
+def no_ml_dtypes(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import ml_dtypes -> ImportError
+    _leaves.reset_ml_dtypes()
+    yield
+    _leaves.reset_ml_dtypes()
+
+
+def test_bfloat16_and_float8_without_ml_dtypes_keep_their_dtype_name(ckpt_dir, no_ml_dtypes):
+    bits16 = np.array([0x3F80, 0xC000, 0x7FC0, 0x0001], np.uint16)  # 1, -2, NaN, tiny
+    bits8 = np.arange(256, dtype=np.uint8)
+    state = {"m": {"bf": ckptio.raw_array(bits16, "bfloat16"), "e4": ckptio.raw_array(bits8, "float8_e4m3fn"),
+                   "e5": ckptio.raw_array(bits8, "float8_e5m2")}}
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        mgr.save(1, state).wait()
+        assert {l.path: l.dtype for l in mgr.leaves(1)} == {"bf": "bfloat16", "e4": "float8_e4m3fn",
+                                                           "e5": "float8_e5m2"}
+        out = mgr.restore(1)
+        bf = out["m"]["bf"]
+        assert isinstance(bf, ckptio.RawArray) and bf.ckptio_dtype == "bfloat16" and bf.dtype == np.uint16
+        assert bf.tobytes() == bits16.tobytes() and out["m"]["e4"].tobytes() == bits8.tobytes()
+        # Saved again as it came back: still bfloat16; a slice keeps the name.
+        mgr.save(2, {"m": {"bf": bf[1:], "e4": out["m"]["e4"], "e5": out["m"]["e5"]}}).wait()
+        assert {l.path: l.dtype for l in mgr.leaves(2)}["bf"] == "bfloat16"
+        # As a torch tensor through a template.
+        t = mgr.restore(1, like={"m": {"bf": torch.zeros(4, dtype=torch.bfloat16), "e4": state["m"]["e4"],
+                                       "e5": state["m"]["e5"]}})
+        assert t["m"]["bf"].dtype == torch.bfloat16 and t["m"]["bf"][0].item() == 1.0
+    assert type(bf + 1) is np.ndarray  # arithmetic on the carrier is plain uint16
+
+
+def test_bfloat16_with_ml_dtypes_uses_its_types(ckpt_dir, monkeypatch):
+    """A small fake ml_dtypes (Debian 12 has none): restored bfloat16 / float8
+    leaves come back viewed as its types."""
+    fake = types.ModuleType("ml_dtypes")
+    fake.bfloat16 = np.dtype(np.float16)  # stand-ins of the right sizes
+    fake.float8_e4m3fn = np.dtype(np.int8)
+    fake.float8_e5m2 = np.dtype(np.int8)
+    monkeypatch.setitem(sys.modules, "ml_dtypes", fake)
+    _leaves.reset_ml_dtypes()
+    try:
+        bits = np.array([0x3F80, 0xC000], np.uint16)
+        with ckptio.CheckpointManager(ckpt_dir) as mgr:
+            mgr.save(1, {"m": {"bf": ckptio.raw_array(bits, "bfloat16"),
+                               "f8": ckptio.raw_array(np.array([1, 2], np.uint8), "float8_e5m2")}}).wait()
+            out = mgr.restore(1)
+        assert out["m"]["bf"].dtype == fake.bfloat16 and not isinstance(out["m"]["bf"], ckptio.RawArray)
+        assert out["m"]["bf"].view(np.uint16).tolist() == bits.tolist()
+        assert out["m"]["f8"].dtype == fake.float8_e5m2
+    finally:
+        _leaves.reset_ml_dtypes()
+
+
+def test_cuda_or_sparse_tensors_are_refused(ckpt_dir):
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        with pytest.raises(ckptio.InvalidArgument, match="dense"):
+            mgr.save(1, {"m": {"s": torch.eye(3).to_sparse()}})

@@ -112,6 +112,54 @@ TEST_P(ManagerTest, ProgressCountsStagedWrittenAndDurableBytes) {
   }
 }
 
+// Restore and verify report progress through one hook, on the calling
+// thread, never backwards, up to a total they reach exactly once at the end.
+// Verify reads in batches of 32 MiB: a 40 MiB leaf takes two, so its hook
+// sees a value between 0 and the total.
+TEST_P(ManagerTest, RestoreAndVerifyReportProgressOnTheCallingThread) {
+  auto m = manager();
+  auto state = sample_state(5);
+  state.push_back(make_leaf("zz", "big", DType::kFloat32, {10, 1024, 1024}, 99));  // 40 MiB, last in the index
+  uint64_t payload = 0;
+  for (const OwnedLeaf& l : state) payload += l.bytes.size();
+  auto h = m->save(1, views(state));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  ASSERT_TRUE(h->wait().ok());
+
+  const std::thread::id caller = std::this_thread::get_id();
+  auto check = [&](const std::vector<std::pair<uint64_t, uint64_t>>& calls, uint64_t total, bool midway) {
+    ASSERT_FALSE(calls.empty());
+    bool seen_midway = false;
+    for (size_t k = 0; k < calls.size(); ++k) {
+      EXPECT_EQ(calls[k].second, total);
+      if (k > 0) EXPECT_GT(calls[k].first, calls[k - 1].first);
+      if (k + 1 < calls.size()) EXPECT_LT(calls[k].first, total);
+      seen_midway |= calls[k].first > 0 && calls[k].first < total;
+    }
+    EXPECT_EQ(calls.back().first, total);
+    if (midway) EXPECT_TRUE(seen_midway);
+  };
+  std::vector<std::pair<uint64_t, uint64_t>> calls;
+  bool other_thread = false;
+  auto record = [&](uint64_t done, uint64_t total) {
+    other_thread |= std::this_thread::get_id() != caller;
+    calls.emplace_back(done, total);
+  };
+
+  RestoreOptions ro;
+  ro.on_progress = record;
+  auto r = m->restore(std::nullopt, ro);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  expect_restored(*r, state);
+  check(calls, payload, false);
+
+  calls.clear();
+  Status st = m->verify(1, record);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  check(calls, payload, true);
+  EXPECT_FALSE(other_thread);
+}
+
 TEST_P(ManagerTest, SaveCommitRestoreLatest) {
   auto m = manager();
   auto state = sample_state(1);

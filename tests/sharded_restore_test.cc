@@ -18,6 +18,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <thread>
 #include <span>
 #include <string>
 #include <vector>
@@ -331,9 +332,28 @@ TEST_P(ShardedRestore, PropertySaveAnyShardingRestoreAnyOther) {
     if (rng() % 3 == 0) sharded_restore_limits() = ShardedRestoreLimits{1024 + rng() % 8192, 256 + rng() % 4096};
     else sharded_restore_limits() = ShardedRestoreLimits{};
 
+    // Progress: on this thread, never backwards, ending at its total once.
+    std::vector<std::pair<uint64_t, uint64_t>> progress;
+    const std::thread::id caller = std::this_thread::get_id();
+    bool other_thread = false;
+    o.on_progress = [&](uint64_t done, uint64_t total) {
+      other_thread |= std::this_thread::get_id() != caller;
+      progress.emplace_back(done, total);
+    };
     auto r = manager_->restore(step, o);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     ASSERT_EQ(r->leaves.size(), arrays.size());
+    EXPECT_FALSE(other_thread);
+    ASSERT_FALSE(progress.empty());
+    for (size_t k = 0; k < progress.size(); ++k) {
+      EXPECT_EQ(progress[k].second, progress.back().second);
+      EXPECT_LE(progress[k].first, progress[k].second);
+      if (k > 0) EXPECT_GE(progress[k].first, progress[k - 1].first);
+      if (k + 1 < progress.size()) EXPECT_LT(progress[k].first, progress[k].second);
+    }
+    EXPECT_EQ(progress.back().first, progress.back().second);
+    EXPECT_GE(progress.back().second, r->stats.bytes_needed);  // the reads, bridging aside
+    EXPECT_LE(progress.back().second, r->stats.bytes_read);
     uint64_t needed = 0;
     for (size_t i = 0; i < arrays.size(); ++i) {
       SCOPED_TRACE("saved as " + saved_as[i].spec.to_string() + " on " + mesh_a.to_string() + ", shape " +

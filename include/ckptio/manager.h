@@ -262,6 +262,15 @@ struct RestoreStats {
   uint64_t bytes_unverified = 0;
 };
 
+// Progress of a restore or a verify: `done` of `total` bytes, called on the
+// calling thread each time a batch of reads (up to 256 MiB) has been checked
+// and delivered, and at the end with done == total; a restore-latest that
+// moves past a damaged step starts again from 0 for the next one. Keep it
+// cheap: the next batch's delivery waits for it. For a restore, the bytes
+// are the selected leaves' payload (a restore into a sharding: the bytes it
+// reads); for verify, every shard's bytes.
+using ProgressHook = std::function<void(uint64_t done, uint64_t total)>;
+
 struct RestoreOptions {
   Selection select;
   // When non-empty: the leaves the caller expects. Missing leaves, unexpected
@@ -279,6 +288,7 @@ struct RestoreOptions {
   // reading whole shards (bytes_read grows up to the saved shards' size).
   bool verify = true;
   uint64_t verify_widen_max_bytes = 64 << 10;
+  ProgressHook on_progress;  // optional
   // Restore into existing arrays: a leaf named here lands in the caller's
   // memory (exactly the leaf's bytes; no cast may apply to it) instead of a
   // fresh allocation. Memory that was touched before restores faster than
@@ -434,7 +444,7 @@ class CheckpointManager {
   // Reads every byte of a step and checks every checksum. kDataLoss names
   // every damaged data file (missing, or of the wrong size) and every
   // damaged shard (leaf, shard, byte range, file) found, up to 20.
-  Status verify(int64_t step);
+  Status verify(int64_t step, const ProgressHook& on_progress = {});
 
   // Applies retention now (max_to_keep / keep_every as given).
   Status apply_retention(int max_to_keep, int64_t keep_every);

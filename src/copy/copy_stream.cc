@@ -5,9 +5,10 @@
 // destination's write granularity, so every chunk is a legal write range,
 // e.g. whole S3 parts) and moved through at most max_memory / chunk buffers,
 // 4096-aligned for direct I/O. The calling thread drives a pipeline:
-//   read    batches of chunks through Storage::read (the backend reads a
-//           batch's requests in parallel); two batches may be in flight, each
-//           on its own std::async thread, launched as buffers come free;
+//   read    batches of chunks through the read executor
+//           (src/restore/read_executor.h: two batches in flight, the backend
+//           reading a batch's requests in parallel), each chunk landing in a
+//           buffer taken from the pool as its batch is launched;
 //   verify  each batch, in file order, as it lands: every shard's crc32c is
 //           updated with the bytes of it that the chunk holds, and checked
 //           when its last byte has passed (shards may lie in any order and
@@ -26,14 +27,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <functional>
-#include <future>
 #include <mutex>
 #include <numeric>
 
-#include "src/util/async.h"
 #include "src/copy/copy.h"
+#include "src/restore/read_executor.h"
 #include "src/util/crc32c.h"
 
 namespace ckptio {
@@ -41,18 +40,12 @@ namespace {
 
 constexpr uint64_t kDefaultChunk = 8ull << 20;
 constexpr uint64_t kAlign = 4096;
-constexpr size_t kReadsInFlight = 2;  // batches
 
 // Chunk buffers, allocated on first use, at most `capacity`.
 class ChunkBuffers {
  public:
   ChunkBuffers(uint64_t chunk, size_t capacity) : chunk_(chunk), capacity_(capacity) {}
 
-  // `n` buffers, or none if fewer than `n` are free or can be allocated.
-  std::vector<std::byte*> try_acquire(size_t n) {
-    std::lock_guard lock(mu_);
-    return take(n);
-  }
   // `n` buffers, waiting for releases (n <= capacity).
   std::vector<std::byte*> acquire(size_t n) {
     std::unique_lock lock(mu_);
@@ -186,11 +179,6 @@ class ChunkCursor {
   uint64_t remaining_ = 0;
 };
 
-struct Batch {
-  std::vector<Chunk> chunks;
-  std::future<Status> read;
-};
-
 // Writes in flight; written to by the writers' completion callbacks.
 struct Pending {
   std::mutex mu;  // guards the fields below
@@ -247,6 +235,131 @@ struct OutFile {
   bool finished = false;
 };
 
+
+// The executor's consumer: chunks planned lazily from the cursor (an index
+// may declare files of any size; memory must not follow), each landing in a
+// pool buffer, verified in file order and written at the same offset.
+class StreamCopy : public ReadConsumer {
+ public:
+  StreamCopy(Storage& src, Storage& dst, const Index& index, const StreamPlan& plan, ChunkCursor& cursor,
+             ChunkBuffers& buffers, Pending& pending, std::vector<FileVerifier> verifiers, uint64_t plan_ahead)
+      : src_(src), dst_(dst), index_(index), plan_(plan), cursor_(cursor), buffers_(buffers), pending_(pending),
+        verifiers_(std::move(verifiers)), out_(index.files.size()), plan_ahead_(plan_ahead) {}
+
+  // Empty files have no chunks: created and finished up front.
+  Status empty_files() {
+    for (size_t f = 0; f < index_.files.size(); ++f)
+      if (index_.files[f].size == 0) {
+        CKPTIO_RETURN_IF_ERROR(create(f));
+        CKPTIO_RETURN_IF_ERROR(finish(f));
+      }
+    return Status::OK();
+  }
+
+  Result<bool> more(std::vector<ExecRead>* reads) override {
+    uint64_t planned = 0;
+    while (!cursor_.done() && planned < plan_ahead_) {
+      Chunk c = cursor_.next();
+      reads->push_back(ExecRead{static_cast<uint32_t>(c.file), c.offset, c.length});
+      chunks_.push_back(c);
+      planned += c.length;
+    }
+    return !cursor_.done();
+  }
+  std::byte* destination(size_t i) override {
+    chunks_[i].buf = buffers_.acquire(1).front();  // waits for a write to give one back
+    return chunks_[i].buf;
+  }
+  Status landed(size_t i, const std::byte*) override {
+    CKPTIO_RETURN_IF_ERROR(error_);
+    return write(chunks_[i]);
+  }
+  void delivered(size_t, uint64_t) override {
+    if (error_.ok()) error_ = write_error();
+    if (error_.ok() && plan_.on_progress) error_ = plan_.on_progress(pending_.bytes());
+  }
+  Status failed(size_t, Status st) override {
+    // The index lists the file: a missing one is damage, not "no such step".
+    if (st.code() == Code::kNotFound) st = data_loss(st.message());
+    return st.annotate("read " + plan_.what + " from " + src_.describe());
+  }
+
+  Status error() const { return error_; }
+  Status write_error() { return pending_.error().annotate("write " + plan_.what + " to " + dst_.describe()); }
+  uint64_t shards() const { return shards_; }
+  void release_unwritten() {
+    for (Chunk& c : chunks_)
+      if (c.buf) buffers_.release(std::exchange(c.buf, nullptr));
+  }
+  void abort_unfinished() {
+    for (OutFile& f : out_)
+      if (f.writer && !f.finished) f.writer->abort();
+  }
+
+ private:
+  Status mismatch(size_t file, const ShardCheck& s) const {
+    const PrefixRecord& p = index_.prefixes[s.prefix];
+    return data_loss("checksum mismatch in " + p.name + "/" + p.leaves[s.leaf].path + " shard " +
+                     std::to_string(s.shard) + " (file " + index_.files[file].name + ") of " + plan_.what +
+                     " at " + src_.describe() + "/" + plan_.src_keys[file]);
+  }
+  Status create(size_t f) {
+    auto w = dst_.create(plan_.dst_keys[f], index_.files[f].size);
+    if (!w.ok()) return w.status().annotate("create " + dst_.describe() + "/" + plan_.dst_keys[f]);
+    out_[f].writer = std::move(w).value();
+    const uint64_t gran = std::max<uint64_t>(out_[f].writer->granularity(), 1);
+    const uint64_t align = std::max<uint64_t>(out_[f].writer->alignment(), 1);
+    if (plan_.chunk % gran != 0 || plan_.chunk % align != 0)
+      return internal_error("copy chunk " + std::to_string(plan_.chunk) + " is not a multiple of " +
+                            dst_.describe() + "'s write granularity " + std::to_string(gran) +
+                            " and alignment " + std::to_string(align));
+    return Status::OK();
+  }
+  Status finish(size_t f) {
+    if (const ShardCheck* bad = verifiers_[f].finish()) return mismatch(f, *bad);
+    // Only this file's writes are in flight (files are written in order and
+    // earlier ones are finished): let progress follow them, then fsync.
+    if (plan_.on_progress) CKPTIO_RETURN_IF_ERROR(pending_.wait_idle(plan_.on_progress));  // (aborted after)
+    Status st = out_[f].writer->finish(index_.files[f].size);
+    out_[f].finished = true;  // finish() consumed the object, failed or not
+    shards_ += verifiers_[f].verified();
+    return st.annotate("make durable " + dst_.describe() + "/" + plan_.dst_keys[f]);
+  }
+  // Verifies a chunk that has landed and queues its write.
+  Status write(Chunk& c) {
+    if (!out_[c.file].writer) CKPTIO_RETURN_IF_ERROR(create(c.file));
+    if (const ShardCheck* bad = verifiers_[c.file].feed(c.buf, c.offset, c.length)) return mismatch(c.file, *bad);
+    WritableObject& w = *out_[c.file].writer;
+    const uint64_t align = std::max<uint64_t>(w.alignment(), 1);
+    const uint64_t padded = (c.length + align - 1) / align * align;  // <= chunk: chunk % align == 0
+    if (padded > c.length) std::memset(c.buf + c.length, 0, padded - c.length);
+    pending_.add();
+    std::byte* buf = std::exchange(c.buf, nullptr);
+    const uint64_t length = c.length;
+    w.write_async(c.offset, std::span<const std::byte>(buf, padded),
+                  [&buffers = buffers_, &pending = pending_, buf, length](Status st) {
+                    buffers.release(buf);
+                    pending.done(std::move(st), length);
+                  });
+    if (c.offset + c.length == index_.files[c.file].size) return finish(c.file);
+    return Status::OK();
+  }
+
+  Storage& src_;
+  Storage& dst_;
+  const Index& index_;
+  const StreamPlan& plan_;
+  ChunkCursor& cursor_;
+  ChunkBuffers& buffers_;
+  Pending& pending_;
+  std::vector<FileVerifier> verifiers_;
+  std::vector<OutFile> out_;
+  const uint64_t plan_ahead_;
+  std::vector<Chunk> chunks_;  // parallel to the executor's reads
+  Status error_;
+  uint64_t shards_ = 0;
+};
+
 }  // namespace
 
 uint64_t copy_chunk_size(const Storage& dst, uint64_t requested) {
@@ -279,13 +392,6 @@ Result<StreamResult> stream_data_files(Storage& src, Storage& dst, const Index& 
     }
   for (FileVerifier& v : verifiers) v.sort();
 
-  auto mismatch = [&](size_t file, const ShardCheck& s) {
-    const PrefixRecord& p = index.prefixes[s.prefix];
-    return data_loss("checksum mismatch in " + p.name + "/" + p.leaves[s.leaf].path + " shard " +
-                     std::to_string(s.shard) + " (file " + index.files[file].name + ") of " +
-                     plan.what + " at " + src.describe() + "/" + plan.src_keys[file]);
-  };
-
   ChunkCursor cursor(index.files, plan.chunk);
   // A quarter of the buffers per read batch: two batches reading, the rest
   // (at least half) carrying writes.
@@ -293,119 +399,27 @@ Result<StreamResult> stream_data_files(Storage& src, Storage& dst, const Index& 
   const size_t capacity = static_cast<size_t>(std::min(nbuf, std::max<uint64_t>(cursor.remaining(), 1)));
   ChunkBuffers buffers(plan.chunk, capacity);
   Pending pending;
-  std::vector<OutFile> out(nfiles);
-  StreamResult result;
+  StreamCopy copy(src, dst, index, plan, cursor, buffers, pending, std::move(verifiers), 2 * per_batch * plan.chunk);
 
-  auto create = [&](size_t f) -> Status {
-    auto w = dst.create(plan.dst_keys[f], index.files[f].size);
-    if (!w.ok()) return w.status().annotate("create " + dst.describe() + "/" + plan.dst_keys[f]);
-    out[f].writer = std::move(w).value();
-    const uint64_t gran = std::max<uint64_t>(out[f].writer->granularity(), 1);
-    const uint64_t align = std::max<uint64_t>(out[f].writer->alignment(), 1);
-    if (plan.chunk % gran != 0 || plan.chunk % align != 0)
-      return internal_error("copy chunk " + std::to_string(plan.chunk) + " is not a multiple of " +
-                            dst.describe() + "'s write granularity " + std::to_string(gran) +
-                            " and alignment " + std::to_string(align));
-    return Status::OK();
-  };
-  auto finish = [&](size_t f) -> Status {
-    if (const ShardCheck* bad = verifiers[f].finish()) return mismatch(f, *bad);
-    // Only this file's writes are in flight (files are written in order and
-    // earlier ones are finished): let progress follow them, then fsync.
-    if (plan.on_progress) CKPTIO_RETURN_IF_ERROR(pending.wait_idle(plan.on_progress));  // (aborted below)
-    Status st = out[f].writer->finish(index.files[f].size);
-    out[f].finished = true;  // finish() consumed the object, failed or not
-    result.shards += verifiers[f].verified();
-    return st.annotate("make durable " + dst.describe() + "/" + plan.dst_keys[f]);
-  };
-  // Verifies a chunk that has landed and queues its write.
-  auto write = [&](Chunk& c) -> Status {
-    if (!out[c.file].writer) CKPTIO_RETURN_IF_ERROR(create(c.file));
-    if (const ShardCheck* bad = verifiers[c.file].feed(c.buf, c.offset, c.length))
-      return mismatch(c.file, *bad);
-    WritableObject& w = *out[c.file].writer;
-    const uint64_t align = std::max<uint64_t>(w.alignment(), 1);
-    const uint64_t padded = (c.length + align - 1) / align * align;  // <= chunk: chunk % align == 0
-    if (padded > c.length) std::memset(c.buf + c.length, 0, padded - c.length);
-    pending.add();
-    std::byte* buf = std::exchange(c.buf, nullptr);
-    const uint64_t length = c.length;
-    w.write_async(c.offset, std::span<const std::byte>(buf, padded),
-                  [&buffers, &pending, buf, length](Status st) {
-                    buffers.release(buf);
-                    pending.done(std::move(st), length);
-                  });
-    if (c.offset + c.length == index.files[c.file].size) return finish(c.file);
-    return Status::OK();
-  };
-
-  auto write_error = [&] {
-    return pending.error().annotate("write " + plan.what + " to " + dst.describe());
-  };
-
-  std::deque<Batch> reading;
-  auto batch_size = [&] { return static_cast<size_t>(std::min(per_batch, cursor.remaining())); };
-  auto launch = [&](std::vector<std::byte*> bufs) {
-    Batch b;
-    std::vector<ReadRequest> reqs;
-    for (std::byte* buf : bufs) {
-      Chunk c = cursor.next();
-      c.buf = buf;
-      reqs.push_back(ReadRequest{plan.src_keys[c.file], c.offset, c.length, c.buf});
-      b.chunks.push_back(c);
-    }
-    b.read = async_or_deferred([&src, reqs = std::move(reqs)] { return src.read(reqs); });
-    reading.push_back(std::move(b));
-  };
-  auto release_unwritten = [&](Batch& b) {
-    for (Chunk& c : b.chunks)
-      if (c.buf) buffers.release(std::exchange(c.buf, nullptr));
-  };
-
-  Status st;
-  // Empty files have no chunks: create and finish them up front.
-  for (size_t f = 0; f < nfiles && st.ok(); ++f)
-    if (index.files[f].size == 0) {
-      st = create(f);
-      if (st.ok()) st = finish(f);
-    }
-  while (st.ok()) {
-    while (!cursor.done() && reading.size() < kReadsInFlight) {
-      auto bufs = buffers.try_acquire(batch_size());
-      if (bufs.empty()) break;
-      launch(std::move(bufs));
-    }
-    if (reading.empty()) {
-      if (cursor.done()) break;
-      // Every buffer is in a write: wait for one batch's worth to come back.
-      launch(buffers.acquire(batch_size()));
-      continue;
-    }
-    Batch b = std::move(reading.front());
-    reading.pop_front();
-    st = b.read.get();
-    if (!st.ok()) {
-      // The index lists the file: a missing one is damage, not "no such step".
-      if (st.code() == Code::kNotFound) st = data_loss(st.message());
-      st = st.annotate("read " + plan.what + " from " + src.describe());
-    }
-    for (size_t i = 0; i < b.chunks.size() && st.ok(); ++i) st = write(b.chunks[i]);
-    release_unwritten(b);
-    if (st.ok()) st = write_error();
-    if (st.ok() && plan.on_progress) st = plan.on_progress(pending.bytes());
+  Status st = copy.empty_files();
+  if (st.ok()) {
+    ReadExecutorLimits limits;
+    limits.batch_bytes = per_batch * plan.chunk;
+    limits.align = kAlign;
+    std::vector<ExecRead> reads;
+    st = execute_reads(src, plan.src_keys, &reads, copy, limits, "read " + plan.what + " from " + src.describe());
+    if (st.ok()) st = copy.error();
   }
-
-  // Leave nothing running that points into our buffers or our stack.
-  for (Batch& b : reading) {
-    (void)b.read.get();
-    release_unwritten(b);
-  }
-  for (OutFile& f : out)
-    if (f.writer && !f.finished) f.writer->abort();
+  // Leave nothing running that points into our buffers or our stack (the
+  // executor has drained its reads).
+  copy.release_unwritten();
+  copy.abort_unfinished();
   pending.wait_idle();
-  if (st.ok()) st = write_error();
+  if (st.ok()) st = copy.write_error();
   if (!st.ok()) return st;
   if (plan.on_progress) CKPTIO_RETURN_IF_ERROR(plan.on_progress(pending.bytes()));
+  StreamResult result;
+  result.shards = copy.shards();
   for (const auto& f : index.files) result.bytes += f.size;  // all read: no overflow
   return result;
 }

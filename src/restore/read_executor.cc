@@ -39,7 +39,9 @@ class Executor {
     Status first = plan_more();
     while (first.ok()) {
       while (reading_.size() < kBatchesInFlight && cut_ < reads_.size()) launch();
-      if (more_ && planned_bytes_ - launched_bytes_ < 2 * limits_.batch_bytes) {
+      // Plan ahead while fewer than two batches wait to be launched (in
+      // bytes, and in batch ends a consumer marked).
+      if (more_ && planned_bytes_ - launched_bytes_ < 2 * limits_.batch_bytes && unlaunched_ends_ < 2) {
         first = plan_more();  // while the reads are in flight
         continue;
       }
@@ -59,8 +61,10 @@ class Executor {
     auto more = consumer_.more(&reads_);
     if (!more.ok()) return more.status();
     more_ = *more;
-    for (size_t i = before; i < reads_.size(); ++i)
+    for (size_t i = before; i < reads_.size(); ++i) {
       if (!reads_[i].filler) planned_bytes_ += reads_[i].length;
+      if (reads_[i].ends_batch) ++unlaunched_ends_;
+    }
     return Status::OK();
   }
 
@@ -74,15 +78,16 @@ class Executor {
     size_t i = cut_;
     for (; i < reads_.size(); ++i) {
       ExecRead& r = reads_[i];
+      // The byte limit before destination(), which may take memory (a
+      // buffer of a bounded pool) that only a delivered batch gives back.
+      if (i > f.begin && !r.filler && bytes + r.length > limits_.batch_bytes) break;
       if (i >= resolved_) {
         if (!r.filler && !r.dst) r.dst = consumer_.destination(i);
         resolved_ = i + 1;
       }
       const bool stage = !r.filler && !r.dst && r.length > 0;
       const uint64_t pos = stage ? place(staged, r.offset, align_) : 0;
-      if (i > f.begin && !r.filler &&
-          (bytes + r.length > limits_.batch_bytes || (stage && pos + r.length > limits_.staging_bytes)))
-        break;
+      if (i > f.begin && stage && pos + r.length > limits_.staging_bytes) break;
       if (r.filler) {
         at.push_back(filler_bytes);
         filler_bytes += r.length;
@@ -92,6 +97,7 @@ class Executor {
         bytes += r.length;
       }
       if (r.ends_batch) {
+        --unlaunched_ends_;
         ++i;
         break;
       }
@@ -123,12 +129,14 @@ class Executor {
   // Delivers a landed batch, or reads a failed one again read by read.
   Status finish(InFlight& f) {
     Status st = f.done.get();
+    for (size_t k = f.begin; k < f.end; ++k)
+      if (!reads_[k].filler) delivered_bytes_ += reads_[k].length;
     if (st.ok()) {
       for (size_t k = f.begin; k < f.end; ++k) {
         if (reads_[k].filler) continue;
         CKPTIO_RETURN_IF_ERROR(consumer_.landed(k, f.landing[k - f.begin]));
       }
-      consumer_.delivered(f.end);
+      consumer_.delivered(f.end, delivered_bytes_);
       return Status::OK();
     }
     bool any_failed = false;
@@ -146,7 +154,7 @@ class Executor {
       CKPTIO_RETURN_IF_ERROR(consumer_.failed(k, std::move(one)));
     }
     if (!any_failed) return st.annotate(what_);
-    consumer_.delivered(f.end);
+    consumer_.delivered(f.end, delivered_bytes_);
     return Status::OK();
   }
 
@@ -167,7 +175,8 @@ class Executor {
   size_t cut_ = 0;       // the first read not launched
   size_t resolved_ = 0;  // reads before it have had destination() asked
   size_t launches_ = 0;
-  uint64_t planned_bytes_ = 0, launched_bytes_ = 0;
+  uint64_t planned_bytes_ = 0, launched_bytes_ = 0, delivered_bytes_ = 0;
+  size_t unlaunched_ends_ = 0;  // ends_batch flags among reads not launched
   bool more_ = true;
 };
 

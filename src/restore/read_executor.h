@@ -12,7 +12,7 @@
 //   consumer.destination() at launch: where a read without one lands
 //                          (a temporary made only now bounds memory)
 //   consumer.landed()      in read order: the read's bytes, wherever they are
-//   consumer.delivered()   after each batch: reads [0, end) are delivered
+//   consumer.delivered()   after each batch: reads [0, end) are delivered (progress)
 //   consumer.failed()      a read that failed on its own, after its batch did
 //
 // Where a read lands: its `dst` (a leaf, a device buffer: no copy) or, when
@@ -37,7 +37,9 @@
 #pragma once
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -73,17 +75,46 @@ class ReadConsumer {
     return false;
   }
   // Where read i (dst == nullptr, not a filler) lands; nullptr: staging.
-  // Called once per read, at its batch's launch.
+  // Called once per read, at its batch's launch, once the read is known to
+  // fit the batch's byte limit; at most one batch is in flight then, so a
+  // consumer may block here for a buffer of a bounded pool that a delivered
+  // batch gives back (cp's chunk buffers, returned as their writes finish).
   virtual std::byte* destination(size_t i) {
     (void)i;
     return nullptr;
   }
   // Read i's bytes, in order. An error stops the execution and is returned.
   virtual Status landed(size_t i, const std::byte* bytes) = 0;
-  virtual void delivered(size_t end) { (void)end; }
+  // `bytes`: of all reads delivered (or failed) so far, fillers not counted.
+  virtual void delivered(size_t end, uint64_t bytes) {
+    (void)end;
+    (void)bytes;
+  }
   // Read i failed on its own with `st`: the error to stop with, or OK to
   // go on without delivering it.
   virtual Status failed(size_t i, Status st) = 0;
+};
+
+// A consumer's progress to the caller's hook (RestoreOptions::on_progress),
+// `done` never above `total`, and done == total once at the end.
+class ProgressReport {
+ public:
+  ProgressReport(std::function<void(uint64_t, uint64_t)> hook, uint64_t total)
+      : hook_(std::move(hook)), total_(total) {}
+  void update(uint64_t done) {
+    if (!hook_) return;
+    last_ = std::min(done, total_);
+    hook_(last_, total_);
+  }
+  void finish() {
+    if (hook_ && last_ != total_) hook_(total_, total_);
+    last_ = total_;
+  }
+
+ private:
+  std::function<void(uint64_t, uint64_t)> hook_;
+  uint64_t total_ = 0;
+  uint64_t last_ = UINT64_MAX;  // none reported yet
 };
 
 struct ReadExecutorStats {

@@ -419,8 +419,11 @@ class ShardedConsumer : public ReadConsumer {
  public:
   ShardedConsumer(Storage& storage, int64_t step, bool verify, std::vector<LeafJob>& jobs,
                   const std::vector<ReadRef>& refs, const std::vector<std::string>& files,
-                  const std::vector<std::string>& keys)
-      : storage_(storage), step_(step), verify_(verify), jobs_(jobs), refs_(refs), files_(files), keys_(keys) {}
+                  const std::vector<std::string>& keys, ProgressReport& progress)
+      : storage_(storage), step_(step), verify_(verify), jobs_(jobs), refs_(refs), files_(files), keys_(keys),
+        progress_(progress) {}
+
+  void delivered(size_t, uint64_t bytes) override { progress_.update(bytes); }
 
   Status landed(size_t i, const std::byte* landed) override {
     LeafJob& job = jobs_[refs_[i].leaf];
@@ -476,6 +479,7 @@ class ShardedConsumer : public ReadConsumer {
   const std::vector<ReadRef>& refs_;
   const std::vector<std::string>& files_;
   const std::vector<std::string>& keys_;
+  ProgressReport& progress_;
 };
 
 // Target buffers filled only by copies out of the staging arenas would take
@@ -531,7 +535,11 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
 
   // Declared after `jobs`, which owns the buffers: joined before they are freed.
   std::future<void> prefault = prefault_copied_targets(jobs);
-  ShardedConsumer consumer(storage, step, options.verify, jobs, refs, files, keys);
+  uint64_t to_read = 0;
+  for (const ExecRead& r : reads)
+    if (!r.filler) to_read += r.length;
+  ProgressReport progress(options.on_progress, to_read);
+  ShardedConsumer consumer(storage, step, options.verify, jobs, refs, files, keys, progress);
   ReadExecutorLimits el;
   el.batch_bytes = limits.batch_bytes;
   el.staging_bytes = limits.staging_bytes;
@@ -539,6 +547,7 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
   Status st = execute_reads(storage, keys, &reads, consumer, el, "restore step " + std::to_string(step));
   if (prefault.valid()) prefault.wait();
   CKPTIO_RETURN_IF_ERROR(st);
+  progress.finish();
 
   for (size_t j = 0; j < jobs.size(); ++j) {
     Tensor& t = out->leaves[j];

@@ -203,6 +203,12 @@ Result<std::vector<const RestoreOptions::Destination*>> match_destinations(
   return dests;
 }
 
+uint64_t selected_bytes(const std::vector<std::pair<std::string, LeafRecord*>>& selected) {
+  uint64_t n = 0;
+  for (const auto& sel : selected) n += sel.second->num_bytes();  // the index checked the sum fits
+  return n;
+}
+
 class WholeRestore : public ReadConsumer {
  public:
   WholeRestore(Storage& storage, const std::string& step_dir, const Index& index,
@@ -210,7 +216,8 @@ class WholeRestore : public ReadConsumer {
                std::vector<const RestoreOptions::Destination*> dests, RestoredState* out)
       : storage_(storage), step_(index.step), selected_(selected), options_(options), dests_(std::move(dests)),
         out_(*out), align_(std::max<uint64_t>(storage.read_alignment(), 1)),
-        of_step_(" of step " + std::to_string(index.step)) {
+        of_step_(" of step " + std::to_string(index.step)),
+        progress_(options.on_progress, options.on_progress ? selected_bytes(selected) : 0) {
     // One key per data file, numbered in index order.
     for (const DataFileRecord& f : index.files) {
       file_ordinal_.try_emplace(f.name, static_cast<uint32_t>(keys_.size()));
@@ -264,6 +271,7 @@ class WholeRestore : public ReadConsumer {
         ShardTask& t = tasks_[ti];
         const std::byte* in = bytes + (t.rec->offset - g.offset);
         if (options_.verify && crc32c(in, t.rec->length, 0) != t.rec->crc32c) return checksum_mismatch(t);
+        payload_ += t.rec->length;
         if (g.direct) continue;
         CKPTIO_RETURN_IF_ERROR(t.scatter ? scatter(t, in) : deliver(t, in, 0, t.rec->length));
       }
@@ -271,6 +279,7 @@ class WholeRestore : public ReadConsumer {
     }
     ShardTask& t = tasks_[p.task];
     if (options_.verify) t.crc = crc32c(bytes, p.len, t.crc);
+    payload_ += p.len;
     if (t.staged) CKPTIO_RETURN_IF_ERROR(deliver(t, bytes, p.at, p.len));
     if (p.at + p.len != t.rec->length) return Status::OK();
     if (options_.verify && t.crc != t.rec->crc32c) return checksum_mismatch(t);
@@ -286,13 +295,17 @@ class WholeRestore : public ReadConsumer {
   // the index to the result and their shard records are freed, on this
   // thread while later reads are in flight. (The index is ours to take
   // apart: the caller discards it; `selected` points into it.)
-  void delivered(size_t end) override {
+  void delivered(size_t end, uint64_t) override {
     size_t leaf_end = released_;
     while (chunks_done_ < chunk_ends_.size() && chunk_ends_[chunks_done_].first <= end)
       leaf_end = chunk_ends_[chunks_done_++].second;
     release(leaf_end);
+    progress_.update(payload_);
   }
-  void release_all() { release(out_.leaves.size()); }
+  void finish() {
+    release(out_.leaves.size());
+    progress_.finish();
+  }
 
   // Read i failed on its own: names the shard (for a group of small shards,
   // the member that fails on its own).
@@ -394,6 +407,8 @@ class WholeRestore : public ReadConsumer {
   size_t chunk_leaves_ = kFirstChunkLeaves;
   size_t released_ = 0;
   Clock::time_point first_planned_;
+  uint64_t payload_ = 0;  // bytes of shards delivered
+  ProgressReport progress_;
 };
 
 // Plans the next chunk: one task per shard, groups of small shards, the
@@ -480,6 +495,10 @@ Status WholeRestore::plan_chunk(std::vector<ExecRead>* reads) {
     reads->push_back(ExecRead{f, offset, p.len});
     pieces_.push_back(p);
   }
+  // A batch never spans two chunks: the first batches stay as small as the
+  // first chunks, so checksums start early (measured: batches of up to
+  // 256 MiB across chunks restored 100,000 leaves ~10% slower).
+  if (!reads->empty()) reads->back().ends_batch = true;
   chunk_ends_.emplace_back(reads->size(), next_leaf_);
   return Status::OK();
 }
@@ -581,7 +600,7 @@ Status restore_whole(Storage& storage, const std::string& step_dir, const Index&
   ReadExecutorStats stats;
   CKPTIO_RETURN_IF_ERROR(execute_reads(storage, restore.keys(), &reads, restore, limits,
                                        "restore step " + std::to_string(index.step), &stats));
-  restore.release_all();
+  restore.finish();
   const auto t1 = Clock::now();
   out->stats.bytes_read = stats.bytes_read;
   out->stats.requests = stats.requests;

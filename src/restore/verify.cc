@@ -77,6 +77,8 @@ class Verifier : public ReadConsumer {
     return Status::OK();
   }
   void set_reads(const std::vector<ExecRead>* reads) { reads_ = reads; }
+  void set_progress(ProgressReport* progress) { progress_ = progress; }
+  void delivered(size_t, uint64_t bytes) override { progress_->update(bytes); }
 
  private:
   struct Piece {
@@ -88,13 +90,14 @@ class Verifier : public ReadConsumer {
   std::vector<ShardCheck> checks_;
   std::vector<Piece> pieces_;  // parallel to the reads
   const std::vector<ExecRead>* reads_ = nullptr;
+  ProgressReport* progress_ = nullptr;
   std::vector<std::string> problems_;
   size_t count_ = 0;
 };
 
 }  // namespace
 
-Status CheckpointManager::verify(int64_t step) {
+Status CheckpointManager::verify(int64_t step, const ProgressHook& on_progress) {
   CKPTIO_RETURN_IF_ERROR(check_process());
   CKPTIO_ASSIGN_OR_RETURN(Index index, read_index(step));
   const std::string dir = impl_->naming.name(step);
@@ -144,12 +147,17 @@ Status CheckpointManager::verify(int64_t step) {
         verifier.add(s, ordinal[rec.file], &reads);
       }
   verifier.set_reads(&reads);
+  uint64_t to_read = 0;
+  for (const ExecRead& r : reads) to_read += r.length;
+  ProgressReport progress(on_progress, to_read);
+  verifier.set_progress(&progress);
   ReadExecutorLimits limits;
   limits.batch_bytes = kStagingBytes;
   limits.staging_bytes = kStagingBytes;
   limits.align = std::max<uint64_t>(storage_->read_alignment(), 1);
   CKPTIO_RETURN_IF_ERROR(
       execute_reads(*storage_, keys, &reads, verifier, limits, "verify step " + std::to_string(step)));
+  progress.finish();
 
   // Files named before shards: they are usually the cause.
   std::vector<std::string> file_lines;

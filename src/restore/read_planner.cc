@@ -401,6 +401,9 @@ SavedLeaf saved_leaf_from_record(const LeafRecord& leaf, std::vector<std::string
   return out;
 }
 
+// The steps of the file comment in order (~125 lines: each step is a call or
+// a short loop over the plan being built; splitting it further would pass
+// the half-built plan around).
 Result<ReadPlan> plan_reads(const SavedLeaf& leaf, std::span<const Box> targets, const PlanOptions& o) {
   CKPTIO_RETURN_IF_ERROR(validate(leaf, targets));
   const size_t elem = leaf.element_size;

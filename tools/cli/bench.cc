@@ -275,6 +275,153 @@ int run_compare(const BenchCmd& o) {
   fail(kExitFailed, "cannot run " + script + ": " + std::strerror(errno));
 }
 
+// The timed restores of run_bench's saved steps, into warm buffers and into
+// fresh memory, each from a cold page cache where it can be dropped; each
+// step is removed after. Returns the first-touch rate of fresh memory.
+// The destination arena is allocated (and its pages touched) once, after
+// every timed save, so it never counts in a save's RSS.
+double time_restores(CheckpointManager& m, const BenchCmd& o, const std::string& uri, const synth::Layout& layout,
+                     const synth::State& state, uint64_t rss_limit, const std::function<void(int64_t)>& forget_step,
+                     std::vector<Run>* runs, std::string* cache_note) {
+  const uint64_t align = std::max<uint64_t>(m.storage().read_alignment(), 1);
+  std::optional<Destinations> dst;
+  for (Run& run : *runs) {
+    auto index = m.read_index(run.step);
+    if (!index.ok()) fail_status(index.status(), "read step " + std::to_string(run.step));
+    auto [offsets, size] = arena_offsets(*index, layout, align);
+    if (!dst || offsets.empty() || dst->offsets != offsets) {
+      dst.reset();
+      Progress p("allocating restore destinations", 0);
+      dst = make_destinations(layout, std::move(offsets), size, align);
+    }
+    // The memcpy baseline: the state into warm memory, one thread, the
+    // median of three (this machine is shared; one copy can be slowed by a
+    // neighbour several-fold).
+    std::vector<double> copies;
+    for (int k = 0; k < 3; ++k) {
+      const auto t0 = Clock::now();
+      for (size_t i = 0; i < layout.leaves.size(); ++i)
+        std::memcpy(dst->data[i], state.data[i], layout.leaves[i].bytes);
+      copies.push_back(since(t0));
+    }
+    run.memcpy_seconds = median(copies);
+
+    *cache_note = drop_page_cache(uri, o.no_drop);
+    run.cold_cache = cache_note->empty();
+    {
+      Progress p("restoring step " + std::to_string(run.step) + " into warm buffers", 0);
+      restore_into(m, run.step, layout, o.seed, *dst, run);
+    }
+    run.restore_gbps = gbps(run.bytes, run.restore_seconds);
+    if (run.verified && !o.no_fresh) {
+      *cache_note = drop_page_cache(uri, o.no_drop);
+      run.cold_cache = run.cold_cache && cache_note->empty();
+      const CheckOutcome c = check_synth_step(m, run.step);
+      run.restore_fresh_seconds = c.restore_seconds;
+      run.restore_fresh_gbps = gbps(c.bytes, c.restore_seconds);
+      run.verified = c.verified;
+      run.error = c.error;
+      ::malloc_trim(0);  // hand the restored leaves' memory back before the next save
+    }
+    forget_step(run.step);
+    if (!o.json) {
+      std::printf("  run step %lld: save %s (%s, save() blocked %.1f ms, memcpy %.1f ms), peak RSS %s "
+                  "(limit %s); restore into warm buffers %s (%s), into fresh memory %s (%s)%s, %s\n",
+                  static_cast<long long>(run.step), format_seconds(run.save_seconds).c_str(),
+                  format_gbps(run.bytes, run.save_seconds).c_str(), run.stall_ms, run.memcpy_seconds * 1e3,
+                  format_bytes(run.peak_rss).c_str(), format_bytes(rss_limit).c_str(),
+                  format_seconds(run.restore_seconds).c_str(),
+                  format_gbps(run.bytes, run.restore_seconds).c_str(),
+                  format_seconds(run.restore_fresh_seconds).c_str(),
+                  format_gbps(run.bytes, run.restore_fresh_seconds).c_str(),
+                  run.cold_cache ? ", cold cache" : ", warm cache",
+                  run.verified ? "verified" : "NOT VERIFIED");
+      std::fflush(stdout);
+    }
+  }
+  return dst ? gbps(dst->arena.size(), dst->first_touch_seconds) : 0;
+}
+
+// What run_bench measured, as JSON (--json) or a summary line.
+struct BenchSetup {
+  const std::string& uri;
+  const synth::Layout& layout;
+  uint64_t staging_budget = 0;
+  uint64_t rss_limit = 0;
+  double gen_seconds = 0;
+  double first_touch_gbps = 0;
+  const std::string& cache_note;  // why the page cache was not dropped, if it was not
+};
+
+int report_bench(const BenchCmd& o, const BenchSetup& setup, const std::vector<Run>& runs,
+                 const std::vector<Run>& warmups) {
+  auto med = [&](double Run::*f) {
+    std::vector<double> v;
+    for (const Run& r : runs) v.push_back(r.*f);
+    return median(v);
+  };
+  std::vector<double> rss, stall_ratio;
+  bool verified = true, cold = true, rss_ok = true;
+  std::string error;
+  for (const Run& r : runs) {
+    rss.push_back(static_cast<double>(r.peak_rss));
+    stall_ratio.push_back(r.memcpy_seconds > 0 ? r.stall_ms / 1e3 / r.memcpy_seconds : 0);
+    verified = verified && r.verified;
+    cold = cold && r.cold_cache;
+    rss_ok = rss_ok && r.peak_rss <= setup.rss_limit;
+    if (error.empty()) error = r.error;
+  }
+  const uint64_t bytes = runs.front().bytes;
+  const double memcpy_ms = med(&Run::memcpy_seconds) * 1e3;
+  if (o.json) {
+    nlohmann::json runs_json = nlohmann::json::array(), warm_json = nlohmann::json::array();
+    for (const Run& r : runs) runs_json.push_back(run_json(r));
+    for (const Run& w : warmups)
+      warm_json.push_back({{"step", w.step},
+                           {"stall_ms", round_to(w.stall_ms, 3)},
+                           {"save_gbps", round_to(w.save_gbps, 4)},
+                           {"peak_rss_bytes", w.peak_rss}});
+    nlohmann::json out = {{"uri", setup.uri},
+                          {"bytes", bytes},
+                          {"leaves", setup.layout.leaves.size()},
+                          {"staging", o.staging},
+                          {"staging_budget_bytes", setup.staging_budget},
+                          {"repeat", o.repeat},
+                          {"save_gbps", round_to(med(&Run::save_gbps), 4)},
+                          {"restore_gbps", round_to(med(&Run::restore_gbps), 4)},
+                          {"restore_phases_seconds", {{"index", round_to(med(&Run::restore_index_seconds), 4)},
+                                                      {"plan", round_to(med(&Run::restore_plan_seconds), 4)},
+                                                      {"read", round_to(med(&Run::restore_read_seconds), 4)}}},
+                          {"restore_fresh_gbps", round_to(med(&Run::restore_fresh_gbps), 4)},
+                          {"stall_ms", round_to(med(&Run::stall_ms), 3)},
+                          {"memcpy_ms", round_to(memcpy_ms, 3)},
+                          {"stall_vs_memcpy", round_to(median(stall_ratio), 3)},
+                          {"setup.first_touch_gbps", round_to(setup.first_touch_gbps, 4)},
+                          {"peak_rss_bytes", static_cast<uint64_t>(median(rss))},
+                          {"setup.rss_limit_bytes", setup.rss_limit},
+                          {"rss_ok", rss_ok},
+                          {"verified", verified},
+                          {"cold_cache", cold},
+                          {"generate_seconds", round_to(setup.gen_seconds, 4)},
+                          {"warmup", std::move(warm_json)},
+                          {"runs", std::move(runs_json)}};
+    if (!cold) out["cold_setup.cache_note"] = setup.cache_note;
+    if (!error.empty()) out["error"] = error;
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    std::printf("%s: save %.2f GB/s, save() stall %.1f ms (%.2f x one memcpy of %.1f ms), peak RSS %s "
+                "(limit %s: %s); restore %.2f GB/s into warm buffers, %.2f GB/s into fresh memory "
+                "(first touch of fresh memory here: %.2f GB/s); %s\n",
+                o.repeat > 1 ? "median" : "result", med(&Run::save_gbps), med(&Run::stall_ms),
+                median(stall_ratio), memcpy_ms, format_bytes(static_cast<uint64_t>(median(rss))).c_str(),
+                format_bytes(setup.rss_limit).c_str(), rss_ok ? "ok" : "EXCEEDED", med(&Run::restore_gbps),
+                med(&Run::restore_fresh_gbps), setup.first_touch_gbps, verified ? "verified" : "NOT VERIFIED");
+    if (!cold) std::printf("note: page cache not dropped before restore (%s)\n", setup.cache_note.c_str());
+  }
+  if (!verified) fail(kExitFailed, error);
+  return kExitOk;
+}
+
 int run_bench(const GlobalOptions& g, const BenchCmd& o) {
   if (!o.compare.empty()) return run_compare(o);
   const uint64_t target = size_arg(o.bytes, "--bytes");
@@ -372,133 +519,11 @@ int run_bench(const GlobalOptions& g, const BenchCmd& o) {
   std::vector<Run> runs(o.repeat);
   for (Run& run : runs) save_one(run);
 
-  // Restores. The destination arena is allocated (and its pages touched)
-  // once, after every timed save, so it never counts in a save's RSS.
-  const uint64_t align = std::max<uint64_t>(m->storage().read_alignment(), 1);
-  std::optional<Destinations> dst;
   std::string cache_note;
-  for (Run& run : runs) {
-    auto index = m->read_index(run.step);
-    if (!index.ok()) fail_status(index.status(), "read step " + std::to_string(run.step));
-    auto [offsets, size] = arena_offsets(*index, layout, align);
-    if (!dst || offsets.empty() || dst->offsets != offsets) {
-      dst.reset();
-      Progress p("allocating restore destinations", 0);
-      dst = make_destinations(layout, std::move(offsets), size, align);
-    }
-    // The memcpy baseline: the state into warm memory, one thread, the
-    // median of three (this machine is shared; one copy can be slowed by a
-    // neighbour several-fold).
-    std::vector<double> copies;
-    for (int k = 0; k < 3; ++k) {
-      t0 = Clock::now();
-      for (size_t i = 0; i < layout.leaves.size(); ++i)
-        std::memcpy(dst->data[i], state.data[i], layout.leaves[i].bytes);
-      copies.push_back(since(t0));
-    }
-    run.memcpy_seconds = median(copies);
-
-    cache_note = drop_page_cache(uri, o.no_drop);
-    run.cold_cache = cache_note.empty();
-    {
-      Progress p("restoring step " + std::to_string(run.step) + " into warm buffers", 0);
-      restore_into(*m, run.step, layout, o.seed, *dst, run);
-    }
-    run.restore_gbps = gbps(run.bytes, run.restore_seconds);
-    if (run.verified && !o.no_fresh) {
-      cache_note = drop_page_cache(uri, o.no_drop);
-      run.cold_cache = run.cold_cache && cache_note.empty();
-      const CheckOutcome c = check_synth_step(*m, run.step);
-      run.restore_fresh_seconds = c.restore_seconds;
-      run.restore_fresh_gbps = gbps(c.bytes, c.restore_seconds);
-      run.verified = c.verified;
-      run.error = c.error;
-      ::malloc_trim(0);  // hand the restored leaves' memory back before the next save
-    }
-    forget_step(run.step);
-    if (!o.json) {
-      std::printf("  run step %lld: save %s (%s, save() blocked %.1f ms, memcpy %.1f ms), peak RSS %s "
-                  "(limit %s); restore into warm buffers %s (%s), into fresh memory %s (%s)%s, %s\n",
-                  static_cast<long long>(run.step), format_seconds(run.save_seconds).c_str(),
-                  format_gbps(run.bytes, run.save_seconds).c_str(), run.stall_ms, run.memcpy_seconds * 1e3,
-                  format_bytes(run.peak_rss).c_str(), format_bytes(rss_limit).c_str(),
-                  format_seconds(run.restore_seconds).c_str(),
-                  format_gbps(run.bytes, run.restore_seconds).c_str(),
-                  format_seconds(run.restore_fresh_seconds).c_str(),
-                  format_gbps(run.bytes, run.restore_fresh_seconds).c_str(),
-                  run.cold_cache ? ", cold cache" : ", warm cache",
-                  run.verified ? "verified" : "NOT VERIFIED");
-      std::fflush(stdout);
-    }
-  }
-  const double first_touch_gbps = dst ? gbps(dst->arena.size(), dst->first_touch_seconds) : 0;
-  dst.reset();
-
-  auto med = [&](double Run::*f) {
-    std::vector<double> v;
-    for (const Run& r : runs) v.push_back(r.*f);
-    return median(v);
-  };
-  std::vector<double> rss, stall_ratio;
-  bool verified = true, cold = true, rss_ok = true;
-  std::string error;
-  for (const Run& r : runs) {
-    rss.push_back(static_cast<double>(r.peak_rss));
-    stall_ratio.push_back(r.memcpy_seconds > 0 ? r.stall_ms / 1e3 / r.memcpy_seconds : 0);
-    verified = verified && r.verified;
-    cold = cold && r.cold_cache;
-    rss_ok = rss_ok && r.peak_rss <= rss_limit;
-    if (error.empty()) error = r.error;
-  }
-  const uint64_t bytes = runs.front().bytes;
-  const double memcpy_ms = med(&Run::memcpy_seconds) * 1e3;
-  if (o.json) {
-    nlohmann::json runs_json = nlohmann::json::array(), warm_json = nlohmann::json::array();
-    for (const Run& r : runs) runs_json.push_back(run_json(r));
-    for (const Run& w : warmups)
-      warm_json.push_back({{"step", w.step},
-                           {"stall_ms", round_to(w.stall_ms, 3)},
-                           {"save_gbps", round_to(w.save_gbps, 4)},
-                           {"peak_rss_bytes", w.peak_rss}});
-    nlohmann::json out = {{"uri", uri},
-                          {"bytes", bytes},
-                          {"leaves", layout.leaves.size()},
-                          {"staging", o.staging},
-                          {"staging_budget_bytes", mo.staging_budget},
-                          {"repeat", o.repeat},
-                          {"save_gbps", round_to(med(&Run::save_gbps), 4)},
-                          {"restore_gbps", round_to(med(&Run::restore_gbps), 4)},
-                          {"restore_phases_seconds", {{"index", round_to(med(&Run::restore_index_seconds), 4)},
-                                                      {"plan", round_to(med(&Run::restore_plan_seconds), 4)},
-                                                      {"read", round_to(med(&Run::restore_read_seconds), 4)}}},
-                          {"restore_fresh_gbps", round_to(med(&Run::restore_fresh_gbps), 4)},
-                          {"stall_ms", round_to(med(&Run::stall_ms), 3)},
-                          {"memcpy_ms", round_to(memcpy_ms, 3)},
-                          {"stall_vs_memcpy", round_to(median(stall_ratio), 3)},
-                          {"first_touch_gbps", round_to(first_touch_gbps, 4)},
-                          {"peak_rss_bytes", static_cast<uint64_t>(median(rss))},
-                          {"rss_limit_bytes", rss_limit},
-                          {"rss_ok", rss_ok},
-                          {"verified", verified},
-                          {"cold_cache", cold},
-                          {"generate_seconds", round_to(gen_seconds, 4)},
-                          {"warmup", std::move(warm_json)},
-                          {"runs", std::move(runs_json)}};
-    if (!cold) out["cold_cache_note"] = cache_note;
-    if (!error.empty()) out["error"] = error;
-    std::printf("%s\n", out.dump(2).c_str());
-  } else {
-    std::printf("%s: save %.2f GB/s, save() stall %.1f ms (%.2f x one memcpy of %.1f ms), peak RSS %s "
-                "(limit %s: %s); restore %.2f GB/s into warm buffers, %.2f GB/s into fresh memory "
-                "(first touch of fresh memory here: %.2f GB/s); %s\n",
-                o.repeat > 1 ? "median" : "result", med(&Run::save_gbps), med(&Run::stall_ms),
-                median(stall_ratio), memcpy_ms, format_bytes(static_cast<uint64_t>(median(rss))).c_str(),
-                format_bytes(rss_limit).c_str(), rss_ok ? "ok" : "EXCEEDED", med(&Run::restore_gbps),
-                med(&Run::restore_fresh_gbps), first_touch_gbps, verified ? "verified" : "NOT VERIFIED");
-    if (!cold) std::printf("note: page cache not dropped before restore (%s)\n", cache_note.c_str());
-  }
-  if (!verified) fail(kExitFailed, error);
-  return kExitOk;
+  const double first_touch_gbps =
+      time_restores(*m, o, uri, layout, state, rss_limit, forget_step, &runs, &cache_note);
+  const BenchSetup setup{uri, layout, mo.staging_budget, rss_limit, gen_seconds, first_touch_gbps, cache_note};
+  return report_bench(o, setup, runs, warmups);
 }
 
 }  // namespace

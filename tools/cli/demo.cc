@@ -59,6 +59,9 @@ std::string make_temp_dir(const char* stem) {
   return tmpl;
 }
 
+// One function of ~170 lines on purpose: it reads top to bottom as the story
+// the demo tells (the training job, the restart, the summary; sections
+// marked below), and its parts share the output lock and the job's figures.
 int run_demo(const GlobalOptions& g, const DemoCmd& o) {
   const uint64_t target = size_arg(o.bytes, "--bytes");
   if (o.steps < 1 || o.save_every < 1 || o.keep < 0 || o.leaves < 1 || o.update_leaves < 0)

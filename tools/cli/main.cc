@@ -48,6 +48,9 @@ void setup_logging(const std::string& level) {
 
 }  // namespace
 
+// The command line's wiring, ~120 lines: global options, one add_* per
+// command, and the mapping of outcomes to exit codes, in the order --help
+// shows them.
 int main(int argc, char** argv) {
   using namespace ckptio::cli;
   GlobalOptions g;

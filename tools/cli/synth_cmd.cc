@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -200,10 +201,23 @@ CheckOutcome check_synth_step(CheckpointManager& m, int64_t step, bool show_prog
     return out;
   }
   std::optional<Progress> progress;
-  if (show_progress) progress.emplace("restoring step " + std::to_string(step), layout.total_bytes);
+  // Bytes restored so far, from the restore's progress hook (called on this
+  // thread; the line's thread reads them).
+  std::atomic<uint64_t> restored{0};
+  uint64_t before = 0;  // of the batches done
+  if (show_progress) {
+    progress.emplace("restoring step " + std::to_string(step), layout.total_bytes);
+    progress->watch([&restored] { return restored.load(std::memory_order_relaxed); });
+  }
   for (const Batch& b : plan_batches(layout, batch_bytes)) {
     const auto t0 = Clock::now();
-    auto r = m.restore(step, batch_options(layout, b, /*verify=*/true));
+    RestoreOptions ro = batch_options(layout, b, /*verify=*/true);
+    if (progress)
+      ro.on_progress = [&restored, before](uint64_t done, uint64_t) {
+        restored.store(before + done, std::memory_order_relaxed);
+      };
+    auto r = m.restore(step, ro);
+    if (r.ok()) before += r->stats.bytes_needed;
     out.restore_seconds += since(t0);
     if (!r.ok()) {
       out.error = r.status().to_string();

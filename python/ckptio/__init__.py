@@ -15,11 +15,17 @@ from .errors import (AlreadyExists, Cancelled, DataLoss, Error, FailedPreconditi
                      InvalidArgument, IOError, NoSpace, NotFound, PermissionDenied, Unavailable,
                      Unimplemented)
 from ._leaves import RawArray, raw_array
+from ._shards import (Mesh, PartitionSpec, Shard, Shards, devices_indices_map,
+                      match_partition_rules)
 from .manager import (CheckpointManager, CommitEvent, LeafInfo, RestoreInfo, SaveHandle, SaveStats)
+from .tools import cp, gc, inspect, verify
+from .distributed import TorchBarrier
 
 __all__ = [
     "CheckpointManager", "SaveHandle", "SaveStats", "CommitEvent", "RestoreInfo", "LeafInfo",
     "RawArray", "raw_array", "dtypes",
+    "cp", "verify", "inspect", "gc", "TorchBarrier",
+    "Shards", "Shard", "Mesh", "PartitionSpec", "devices_indices_map", "match_partition_rules",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "FailedPrecondition", "PermissionDenied",
     "NoSpace", "IOError", "Unavailable", "DataLoss", "Unimplemented", "Cancelled", "Internal",
 ]

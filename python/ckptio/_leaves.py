@@ -25,6 +25,7 @@ RAW_CARRIERS = {"bfloat16": np.dtype(np.uint16), "float8_e4m3fn": np.dtype(np.ui
 
 # Kinds of leaves, as the tree definition records them (see _tree.py).
 ARRAY, NUMPY_SCALAR, TENSOR = "a", "g", "t"
+SHARDS = "h"  # a ckptio.Shards, or a jax.Array taken as its addressable shards (_shards.py)
 PY_BOOL, PY_INT, PY_FLOAT, PY_COMPLEX = "b", "i", "f", "c"
 _PY_SCALARS = ((bool, PY_BOOL, np.bool_), (int, PY_INT, np.int64), (float, PY_FLOAT, np.float64),
                (complex, PY_COMPLEX, np.complex128))
@@ -181,6 +182,9 @@ def leaf_kind(obj):
             return kind
     if is_tensor(obj):
         return TENSOR
+    if getattr(type(obj), "_ckptio_shards", False) or (
+            hasattr(obj, "addressable_shards") and hasattr(obj, "shape") and hasattr(obj, "dtype")):
+        return SHARDS  # before __array__: a jax.Array has both
     if hasattr(obj, "__array__") or hasattr(obj, "__array_interface__"):
         return ARRAY
     try:
@@ -209,8 +213,37 @@ def leaf_bytes(obj, kind, name, borrow):
     raise _bad(name, f"unsupported kind {kind}")
 
 
+def dtype_name(dtype, where):
+    """The name a checkpoint gives `dtype`: a name ("float32"), a numpy dtype
+    or scalar type (ml_dtypes' and jax's included), or a torch dtype."""
+    if isinstance(dtype, str):
+        name = dtype
+    elif str(dtype).startswith("torch."):
+        name = str(dtype)[len("torch."):]
+    else:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            name = None
+    if name not in NUMPY_DTYPES and name not in RAW_CARRIERS:
+        raise errors.InvalidArgument(f"{where}: dtype {dtype!r} is not one a checkpoint holds "
+                                     f"({', '.join(sorted(NUMPY_DTYPES | set(RAW_CARRIERS)))})")
+    return name
+
+
+def array_dtype_name(obj, where):
+    """The dtype name of an array-like leaf (an array, a tensor, a scalar)."""
+    kind = leaf_kind(obj)
+    if kind is None or kind == SHARDS:
+        raise errors.InvalidArgument(f"{where}: a {type(obj).__name__} is not an array")
+    return leaf_spec(obj, kind, where)[0]
+
+
 def leaf_spec(obj, kind, name):
     """(dtype name, shape) a template leaf expects, without touching its data."""
+    if kind == SHARDS:
+        from . import _shards
+        return _shards.leaf_spec(obj)
     if kind == TENSOR:
         torch = _torch()
         if obj.dtype == torch.bfloat16:
@@ -266,7 +299,7 @@ def as_tensor(dtype, a):
 
 def as_kind(kind, dtype, a):
     """The restored leaf as the kind it was saved as (or the template holds)."""
-    if kind == ARRAY:
+    if kind in (ARRAY, SHARDS):  # a sharded leaf restored whole: its global array
         return as_numpy(dtype, a)
     if kind == TENSOR:
         return as_tensor(dtype, a)

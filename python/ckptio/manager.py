@@ -25,7 +25,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from . import _ckptio, _leaves, _tree, errors
+from . import _ckptio, _leaves, _shards, _tree, errors
 
 log = logging.getLogger("ckptio")
 
@@ -287,6 +287,9 @@ class CheckpointManager:
                                 manager's callbacks' thread
       processes                 dict(index=, count=, run_id=, timeout_seconds=) for a save by
                                 several processes (docs/multiprocess.md)
+      barrier                   with processes: "torch" (ckptio.TorchBarrier() of the default
+                                torch.distributed group), a ckptio.TorchBarrier, or any object
+                                with wait(name, timeout_seconds) (docs/python.md)
       direct_io, read_mode, request_size, queue_depth   local disk (ckptio/local.h)
       s3_endpoint, s3_region, s3_profile, s3_part_size, s3_max_connections,
       s3_addressing, s3_anonymous, s3_max_attempts, s3_timeout, s3_payload_signing,
@@ -303,7 +306,7 @@ class CheckpointManager:
                  s3_max_connections=None, s3_addressing=None, s3_anonymous=None, s3_max_attempts=None,
                  s3_timeout=None, s3_payload_signing=None, s3_sse=None, s3_sse_kms_key_id=None,
                  s3_storage_class=None, s3_access_key_id=None, s3_secret_access_key=None,
-                 s3_session_token=None):
+                 s3_session_token=None, barrier=None):
         if staging not in ("copy", "borrow"):
             raise errors.InvalidArgument(f'staging must be "copy" or "borrow", not {staging!r}')
         if on_commit is not None and not callable(on_commit):
@@ -316,6 +319,15 @@ class CheckpointManager:
         _opt(manager, "max_in_flight", max_in_flight)
         if processes is not None:
             manager["processes"] = dict(processes)
+            if barrier is None:  # ProcessGroup::barrier, where the C++ API has it
+                barrier = manager["processes"].pop("barrier", None)
+        if barrier is not None:  # a SaveBarrier: ckptio.TorchBarrier, or wait(name, timeout_seconds)
+            if isinstance(barrier, str):
+                if barrier != "torch":
+                    raise errors.InvalidArgument(f'barrier must be "torch" or a barrier object, not {barrier!r}')
+                from .distributed import TorchBarrier
+                barrier = TorchBarrier()
+            manager["barrier"] = barrier
         local = {}
         _opt(local, "direct_io", direct_io)
         _opt(local, "read_mode", read_mode)
@@ -379,6 +391,9 @@ class CheckpointManager:
         leaves = []
 
         def on_leaf(pfx, path, obj, kind):
+            if kind == _leaves.SHARDS:  # ckptio.Shards, jax.Array: the shards with replica_id 0
+                leaves.append(_shards.save_entry(obj, pfx, path, borrow))
+                return
             dtype, array = _leaves.leaf_bytes(obj, kind, f"{pfx}/{path}", borrow)
             leaves.append((pfx, path, dtype, array))
 
@@ -453,7 +468,7 @@ class CheckpointManager:
     # ---- restore ---------------------------------------------------------------------
 
     def restore(self, step=None, *, like=None, select=None, into=None, allow_cast=False, float_dtype=None,
-                verify=True, prefix=None, info=False):
+                verify=True, prefix=None, info=False, sharding=None):
         """Restores `step`, or with None the newest intact committed step
         (damaged newer ones are skipped with a warning unless strict=True).
 
@@ -467,8 +482,23 @@ class CheckpointManager:
         also the template when `like` is None); its leaves are the ones
         returned. `select`: a regex on leaf paths (re.search), a list of
         prefixes, or dict(prefixes=[...], regex="..."). info=True returns
-        (tree, RestoreInfo)."""
+        (tree, RestoreInfo).
+
+        sharding: restore into a sharding, dict(mesh=..., rules=[(regex, spec),
+        ...], devices=[ids], leaves={"prefix/path": spec}, min_size=16384,
+        strict=True, uneven="pad"): every array leaf comes back as a
+        ckptio.Shards with one Shard(index, data, replica_id, device) per
+        local device (`devices`; default every device of the mesh) and the
+        chosen `.spec`. Only the bytes those devices hold are read.
+        docs/python.md, "Sharded state (JAX)"."""
         self._check_open()
+        sharding_opts = None
+        if sharding is not None:
+            if into is not None:
+                raise errors.InvalidArgument("restore: into= and sharding= exclude each other (a sharded "
+                                             "restore allocates one array per device)")
+            sharding_opts = _shards.restore_options(
+                sharding, lambda: {(p, q): shape for p, q, _, shape, _, _ in self._index(step)["leaves"]})
         prefixes, regex = _selection(select)
         template = like if like is not None else into
         expected, like_tree = [], None
@@ -487,8 +517,9 @@ class CheckpointManager:
 
             _tree.flatten(into, prefix, on_into, _leaves.leaf_kind)
         r = self._c.restore(None if step is None else int(step), prefixes, regex, expected, bool(allow_cast),
-                            _dtype_name(float_dtype), into_list, bool(verify))
-        restored = {(pfx, path): (dtype, array) for pfx, path, dtype, array in r["leaves"]}
+                            _dtype_name(float_dtype), into_list, bool(verify), sharding_opts)
+        restored = {(leaf[0], leaf[1]): leaf[2:] for leaf in r["leaves"]}
+        as_kind = _leaves.as_kind if sharding_opts is None else _shards.restored_leaf
         metadata = json.loads(r["metadata_json"]) if r["metadata_json"] else {}
         saved_tree = metadata.pop(_tree.TREE_KEY, None)
 
@@ -499,15 +530,15 @@ class CheckpointManager:
             got = restored.get((pfx, path))
             if got is None:
                 return _tree.MISSING
-            return _leaves.as_kind(kind, *got)
+            return as_kind(kind, *got)
 
         if like_tree is not None:
             out = _tree.unflatten(like_tree, lookup)
         elif saved_tree is not None and saved_tree.get("version") == _tree.TREE_VERSION:
             out = _tree.unflatten(saved_tree, lambda p, q, k: lookup(p, q, _leaves.ARRAY if k == _leaves.TENSOR else k))
         else:
-            out = _tree.tree_from_paths((pfx, path, _leaves.as_numpy(dtype, array))
-                                        for (pfx, path), (dtype, array) in restored.items())
+            out = _tree.tree_from_paths((pfx, path, as_kind(_leaves.ARRAY, *got))
+                                        for (pfx, path), got in restored.items())
         if info:
             return out, RestoreInfo(r["step"], metadata, r["stats"], r["skipped"])
         return out

@@ -58,5 +58,6 @@ py::dtype carrier_dtype(DType t);
 py::array array_over(const Buffer& buffer, DType dtype, const Shape& shape);
 
 void bind_manager(py::module_& m);
+void bind_sharding(py::module_& m);  // sharding.cc
 
 }  // namespace ckptio::python

@@ -23,6 +23,7 @@
 #include "ckptio/manager.h"
 #include "ckptio/s3.h"
 #include "python/src/binding.h"
+#include "python/src/sharding.h"
 
 namespace ckptio::python {
 
@@ -53,6 +54,10 @@ void reject_unknown(const py::dict& d, const std::string& what) {
   throw StatusError(invalid_argument("unknown " + what + " option(s): " + names));
 }
 
+}  // namespace
+std::shared_ptr<SaveBarrier> python_barrier(py::object barrier);  // barrier.cc
+namespace {
+
 ManagerOptions manager_options(py::dict d) {
   ManagerOptions o;
   take(d, "step_format", o.step_format);
@@ -76,6 +81,11 @@ ManagerOptions manager_options(py::dict d) {
     take(p, "timeout_seconds", o.processes.timeout_seconds);
     take(p, "poll_seconds", o.processes.poll_seconds);
     reject_unknown(p, "processes");
+  }
+  if (d.contains("barrier")) {  // a SaveBarrier made of a Python callable (barrier.cc)
+    py::object b = d["barrier"];
+    PyDict_DelItemString(d.ptr(), "barrier");
+    if (!b.is_none()) o.processes.barrier = python_barrier(b);
   }
   reject_unknown(d, "manager");
   return o;
@@ -201,7 +211,8 @@ class PyManager {
     m.reset();  // the destructor waits for every save
   }
 
-  // leaves: [(prefix, path, dtype name, numpy array), ...]
+  // leaves: [(prefix, path, dtype name, numpy array), ...]; a sharded leaf
+  // is (prefix, path, dtype name, shape, [(start, stop, numpy array)]).
   SaveHandle save(int64_t step, const py::list& leaves, const std::string& metadata_json, bool overwrite,
                   std::optional<std::string> float_dtype) {
     auto m = get();
@@ -209,6 +220,10 @@ class PyManager {
     views.reserve(leaves.size());
     for (py::handle item : leaves) {
       auto t = py::reinterpret_borrow<py::tuple>(item);
+      if (t.size() == 5) {
+        views.push_back(sharded_leaf_from_python(t));
+        continue;
+      }
       LeafView v;
       v.prefix = t[0].cast<std::string>();
       v.path = t[1].cast<std::string>();
@@ -315,10 +330,12 @@ class PyManager {
 
   // expected: [(prefix, path, dtype, shape), ...]; into: [(prefix, path,
   // numpy array), ...]. Returns {step, metadata_json, leaves: [(prefix,
-  // path, dtype, array)], stats, skipped: [(step, message)]}.
+  // path, dtype, array)], stats, skipped: [(step, message)]}. sharding: the
+  // dict of sharding.h's restore_sharding_from_python; each leaf is then
+  // (prefix, path, dtype, shape, device_shards_to_python(...)).
   py::dict restore(std::optional<int64_t> step, std::vector<std::string> prefixes, std::string regex,
                    const py::list& expected, bool allow_cast, std::optional<std::string> float_dtype,
-                   const py::list& into, bool verify) {
+                   const py::list& into, bool verify, std::optional<py::dict> sharding) {
     auto m = get();
     RestoreOptions o;
     o.select.prefixes = std::move(prefixes);
@@ -351,6 +368,7 @@ class PyManager {
       dst.size = static_cast<uint64_t>(a.nbytes());
       o.into.push_back(std::move(dst));
     }
+    if (sharding) o.sharding = restore_sharding_from_python(*sharding);
     Result<RestoredState> r = Status::OK();
     {
       py::gil_scoped_release nogil;
@@ -361,9 +379,15 @@ class PyManager {
     d["step"] = state.step;
     d["metadata_json"] = state.metadata_json;
     py::list leaves;
-    for (const Tensor& t : state.leaves)
+    for (const Tensor& t : state.leaves) {
+      if (o.sharding) {  // (prefix, path, dtype, shape, (spec JSON, device shards))
+        leaves.append(py::make_tuple(t.prefix, t.path, std::string(dtype_name(t.dtype)), shape_tuple(t.shape),
+                                     device_shards_to_python(t, *o.sharding)));
+        continue;
+      }
       leaves.append(py::make_tuple(t.prefix, t.path, std::string(dtype_name(t.dtype)),
                                    array_over(t.data, t.dtype, t.shape)));
+    }
     d["leaves"] = leaves;
     d["stats"] = restore_stats_dict(state.stats);
     py::list skipped;
@@ -438,7 +462,7 @@ void bind_manager(py::module_& m) {
       .def("read_index", &PyManager::read_index)
       .def("restore", &PyManager::restore, py::arg("step"), py::arg("prefixes"), py::arg("regex"),
            py::arg("expected"), py::arg("allow_cast"), py::arg("float_dtype"), py::arg("into"),
-           py::arg("verify"))
+           py::arg("verify"), py::arg("sharding") = py::none())
       .def("verify", &PyManager::verify)
       .def("remove_step", &PyManager::remove_step)
       .def("apply_retention", &PyManager::apply_retention)

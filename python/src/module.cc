@@ -7,6 +7,9 @@
 
 namespace ckptio::python {
 
+void bind_tools(py::module_& m);    // tools.cc
+void bind_barrier(py::module_& m);  // barrier.cc
+
 namespace {
 // code name -> exception class, filled by ckptio/errors.py through
 // _set_error_classes. Never freed: a static py::object would be released
@@ -80,4 +83,7 @@ PYBIND11_MODULE(_ckptio, m) {
   m.def("dtype_size", [](const std::string& name) { return dtype_size(dtype_from_name(name, "")); });
 
   bind_manager(m);
+  bind_sharding(m);
+  bind_tools(m);    // tools.cc: cp, verify, inspect, gc
+  bind_barrier(m);  // barrier.cc
 }

@@ -105,7 +105,7 @@ CheckpointManager::~CheckpointManager() {
 Status CheckpointManager::wait_until_finished() {
   CKPTIO_RETURN_IF_ERROR(check_process());
   std::unique_lock lock(impl_->mu);
-  impl_->cv.wait(lock, [&] { return impl_->in_flight == 0; });
+  impl_->cv.wait(lock, [&] { return impl_->in_flight == 0 && impl_->retaining == 0; });
   Status first = impl_->first_error;
   impl_->first_error = Status::OK();
   return first;

@@ -41,6 +41,7 @@ struct CheckpointManager::Impl {
   std::condition_variable cv;
   std::deque<std::shared_ptr<SaveJob>> queue;
   int in_flight = 0;
+  int retaining = 0;  // retention runs after a save's slot is free (finish_job)
   bool stopping = false;
   Status first_error;
   std::set<std::string> attempts_in_flight;

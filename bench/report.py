@@ -349,6 +349,15 @@ def markdown(res, plots, method=True):
                     e["error"].split("exited 1: ")[-1][:400])]
             L.append("")
 
+    if res.get("python"):
+        py = res["python"]
+        if py.get("skipped"):
+            L += ["## Python (issue 28)", "", "**Skipped**: %s." % py["skipped"], ""]
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import python_bench  # the section's table is its own (bench/python_bench.py)
+            L += [python_bench.markdown(py)]
+
     if method:
         L.append(METHOD)
     if res.get("notes") or res.get("errors"):
@@ -673,6 +682,11 @@ def text_summary(res):
     for t in res.get("targets") or []:
         L.append("%-8s %-48s %-10s %-9s %s" % (t["area"], t["name"], _val(t), t["goal"],
                                             "met" if t["met"] else "NOT MET" if t["met"] is False else "not measured"))
+    for t in (res.get("python") or {}).get("targets", []):
+        L.append("%-8s %-48s %-10s %s  %s" % ("python", t["name"][:48], t["figure"].split(" ")[0], t["goal_text"],
+                                            "met" if t["met"] else "NOT MET" if t["met"] is False else "not measured"))
+    if (res.get("python") or {}).get("skipped"):
+        L.append("python: skipped: " + res["python"]["skipped"])
     for n in res.get("notes") or []:
         L.append("note: " + n)
     for e in res.get("errors") or []:

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "ckptio/status.h"
+#include "ckptio/storage.h"
 #include "ckptio/types.h"
 
 namespace ckptio::python {
@@ -57,6 +58,8 @@ py::dtype carrier_dtype(DType t);
 // the buffer's memory.
 py::array array_over(const Buffer& buffer, DType dtype, const Shape& shape);
 
+// Storage options from a manager's `local` and `s3` dicts (manager.cc).
+StorageOptions storage_options(py::dict local_d, py::dict s3_d);
 void bind_manager(py::module_& m);
 void bind_sharding(py::module_& m);  // sharding.cc
 

@@ -91,6 +91,10 @@ ManagerOptions manager_options(py::dict d) {
   return o;
 }
 
+}  // namespace
+
+// The local and S3 options of a manager or of the module-level tools
+// (tools.cc): every key taken, any other refused.
 StorageOptions storage_options(py::dict local_d, py::dict s3_d) {
   StorageOptions o;
   LocalOptions& local = o.get<LocalOptions>();
@@ -121,6 +125,8 @@ StorageOptions storage_options(py::dict local_d, py::dict s3_d) {
   reject_unknown(s3_d, "S3");
   return o;
 }
+
+namespace {
 
 // ---- conversions ----------------------------------------------------------------
 

@@ -33,61 +33,6 @@ namespace ckptio::python {
 
 namespace {
 
-// ---- options (the keys of manager.cc's dicts) ----------------------------------
-
-template <typename T>
-void take(py::dict& d, const char* key, T& out) {
-  if (!d.contains(key)) return;
-  py::object v = d[key];
-  PyDict_DelItemString(d.ptr(), key);
-  if (v.is_none()) return;
-  try {
-    out = v.cast<T>();
-  } catch (const py::cast_error&) {
-    throw StatusError(invalid_argument(std::string("option ") + key + ": cannot take " +
-                                       std::string(py::str(py::repr(v)))));
-  }
-}
-
-void reject_unknown(const py::dict& d, const std::string& what) {
-  if (d.empty()) return;
-  std::string names;
-  for (auto item : d) names += (names.empty() ? "" : ", ") + std::string(py::str(item.first));
-  throw StatusError(invalid_argument("unknown " + what + " option(s): " + names));
-}
-
-// The same keys as CheckpointManager's local and S3 options (manager.cc).
-StorageOptions storage_options(py::dict local_d, py::dict s3_d) {
-  StorageOptions o;
-  LocalOptions& local = o.get<LocalOptions>();
-  take(local_d, "direct_io", local.direct_io);
-  take(local_d, "read_mode", local.read_mode);
-  take(local_d, "request_size", local.request_size);
-  take(local_d, "queue_depth", local.queue_depth);
-  reject_unknown(local_d, "local storage");
-  S3Options& s3 = o.get<S3Options>();
-  take(s3_d, "endpoint", s3.endpoint);
-  take(s3_d, "region", s3.region);
-  take(s3_d, "profile", s3.profile);
-  take(s3_d, "access_key_id", s3.access_key_id);
-  take(s3_d, "secret_access_key", s3.secret_access_key);
-  take(s3_d, "session_token", s3.session_token);
-  take(s3_d, "anonymous", s3.anonymous);
-  take(s3_d, "addressing", s3.addressing);
-  take(s3_d, "part_size", s3.part_size);
-  take(s3_d, "max_connections", s3.max_connections);
-  take(s3_d, "max_attempts", s3.max_attempts);
-  take(s3_d, "retry_base_s", s3.retry_base_s);
-  take(s3_d, "retry_cap_s", s3.retry_cap_s);
-  take(s3_d, "timeout_s", s3.timeout_s);
-  take(s3_d, "payload_signing", s3.payload_signing);
-  take(s3_d, "sse", s3.sse);
-  take(s3_d, "sse_kms_key_id", s3.sse_kms_key_id);
-  take(s3_d, "storage_class", s3.storage_class);
-  reject_unknown(s3_d, "S3");
-  return o;
-}
-
 // A location and how to reach it: built with the GIL (it reads dicts), used
 // without it.
 struct Location {

@@ -38,4 +38,21 @@ inline std::string printable(std::string_view s, size_t max = 256) {
   return out;
 }
 
+// printable(), then every byte >= 0x80 as \xNN too: for text that may not be
+// valid UTF-8 (a JSON parser's message quoting the bytes it choked on).
+inline std::string ascii_printable(std::string_view s, size_t max = 200) {
+  std::string out;
+  for (char ch : printable(s, max)) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x80) {
+      out.push_back(ch);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02X", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
 }  // namespace ckptio

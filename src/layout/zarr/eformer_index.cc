@@ -18,23 +18,6 @@ namespace {
 // Ordered: prefixes keep their file order.
 using Json = nlohmann::ordered_json;
 
-// nlohmann's messages quote the bytes it choked on, which may be invalid
-// UTF-8: escaped, as control bytes are, so that a message is safe to log.
-std::string ascii(std::string_view s) {
-  std::string out;
-  for (char ch : printable(s, 200)) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c < 0x80) {
-      out.push_back(ch);
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02X", c);
-      out += buf;
-    }
-  }
-  return out;
-}
-
 // index > prefixes > prefix's list > entry > shape.
 constexpr uint64_t kMaxDepth = 8;
 
@@ -57,9 +40,9 @@ Result<Json> parse_screened(std::string_view text, uint64_t max_bytes, const std
   try {
     return Json::parse(text.begin(), text.end());
   } catch (const Json::parse_error& e) {
-    return data_loss(what + ": invalid JSON at byte " + std::to_string(e.byte) + ": " + ascii(e.what()));
+    return data_loss(what + ": invalid JSON at byte " + std::to_string(e.byte) + ": " + ascii_printable(e.what()));
   } catch (const std::exception& e) {
-    return data_loss(what + ": cannot parse: " + ascii(e.what()));
+    return data_loss(what + ": cannot parse: " + ascii_printable(e.what()));
   }
 }
 
@@ -329,7 +312,7 @@ Result<EformerIndex> parse_eformer_index(std::string_view text, const EformerInd
   try {
     return read_index(*root, limits);
   } catch (const std::exception& e) {  // allocation failure; types are checked before every get
-    return data_loss(std::string("tensorstore_index.json: cannot read: ") + ascii(e.what()));
+    return data_loss(std::string("tensorstore_index.json: cannot read: ") + ascii_printable(e.what()));
   }
 }
 

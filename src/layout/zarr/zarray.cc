@@ -20,23 +20,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-// nlohmann's messages quote the bytes it choked on, which may be invalid
-// UTF-8: escaped, as control bytes are, so that a message is safe to log.
-std::string ascii(std::string_view s) {
-  std::string out;
-  for (char ch : printable(s, 200)) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c < 0x80) {
-      out.push_back(ch);
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02X", c);
-      out += buf;
-    }
-  }
-  return out;
-}
-
 // .zarray nests at most: object > filters array > filter object, or
 // object > fill_value [re, im]; a little room for extra members.
 constexpr uint64_t kMaxDepth = 8;
@@ -441,9 +424,9 @@ Result<ZArray> parse_zarray(std::string_view text, const ZArrayLimits& limits) {
     const Json root = Json::parse(text.begin(), text.end());
     return parse_json(root, limits);
   } catch (const Json::parse_error& e) {
-    return bad("invalid JSON at byte " + std::to_string(e.byte) + ": " + ascii(e.what()));
+    return bad("invalid JSON at byte " + std::to_string(e.byte) + ": " + ascii_printable(e.what()));
   } catch (const std::exception& e) {  // allocation failure; type errors are checked before every get
-    return bad(std::string("cannot parse: ") + ascii(e.what()));
+    return bad(std::string("cannot parse: ") + ascii_printable(e.what()));
   }
 }
 

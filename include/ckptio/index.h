@@ -39,6 +39,13 @@ struct LeafRecord {
   DType dtype = DType::kFloat32;
   Shape shape;
   std::vector<ShardRecord> shards;
+  // Steps in the eformer / TensorStore zarr v2 layout (Index::layout
+  // "eformer", docs/format.md): the text of the leaf's `.zarray`. Each shard
+  // is then one stored chunk: `file` its key under the step ("model/w/0.1"),
+  // `box` the chunk's part inside the shape, `offset` 0, `length` its stored
+  // (compressed) size, no crc32c. Chunks the store lacks have no shard.
+  // Empty in ckptio's own layout.
+  std::string zarray;
   uint64_t num_bytes() const;  // of the whole leaf (saturates at UINT64_MAX)
   bool operator==(const LeafRecord&) const = default;
 };
@@ -56,6 +63,9 @@ struct DataFileRecord {
 };
 
 struct Index {
+  // "ckptio" (this format) or "eformer" (a step eformer / JAX's TensorStore
+  // serialization wrote, read through src/layout/zarr; never serialized).
+  std::string layout = "ckptio";
   int64_t step = 0;
   int64_t created_unix_ns = 0;    // when save() was called
   int64_t committed_unix_ns = 0;  // when the index was written (docs/format.md)

@@ -322,6 +322,11 @@ struct RestoreOptions {
   // Two needed byte ranges of a data file at most this far apart are read as
   // one request; nullopt: 4 KiB on local disk, 1 MiB on object stores.
   std::optional<uint64_t> coalesce_gap;
+  // Steps in the eformer / zarr layout only: a chunk the store lacks is an
+  // error (kDataLoss naming it) unless this is set; then its elements take
+  // the array's fill_value (zeros when it is null), as TensorStore and
+  // zarr-python read them.
+  bool fill_missing_chunks = false;
 };
 
 // A newer committed step that restore(nullopt) passed over because it is
@@ -372,6 +377,7 @@ struct StepInfo {
   bool committed = false;
   uint64_t bytes = 0;    // sum of object sizes under it
   int64_t committed_unix_ns = 0;
+  std::string layout;    // committed steps: Index::layout ("ckptio", "eformer")
 };
 
 class CheckpointManager {

@@ -10,6 +10,7 @@
 
 #include "src/index/index_readers.h"
 #include "src/layout/layout.h"
+#include "src/layout/zarr/eformer_step.h"
 #include "src/manager/manager_impl.h"
 
 namespace ckptio {
@@ -24,8 +25,12 @@ Result<std::optional<Index>> CheckpointManager::Impl::load_index(const std::stri
   const std::string key = index_key(dir);
   auto object = owner->storage().open(key, IndexLimits{}.max_bytes);
   if (!object.ok()) {
-    if (object.status().code() == Code::kNotFound) return std::optional<Index>();
-    return object.status();
+    if (object.status().code() != Code::kNotFound) return object.status();
+    // No ckptio index: a step eformer wrote (src/layout/zarr/eformer_step.h)?
+    // One that is not complete is not committed.
+    auto eformer = zarr::load_eformer_step(owner->storage(), dir, naming.parse(dir).value_or(0));
+    if (!eformer.ok() && eformer.status().code() == Code::kNotFound) return std::optional<Index>();
+    return eformer;
   }
   ObjectReader& r = **object;
   const std::optional<std::string_view> held = r.in_memory();  // (an object store's GET): parsed where it lies
@@ -57,6 +62,9 @@ Status CheckpointManager::Impl::missing_index(const std::string& dir, int64_t st
   auto objs = storage.list(dir + "/", /*delimiter=*/false);
   if (!objs.ok()) return objs.status().annotate("list " + storage.describe() + "/" + dir + "/");
   if (objs->objects.empty()) return not_committed;
+  // eformer writes in place, with no commit record: a partial step is a save
+  // in progress (or one that never finished), not damage.
+  if (zarr::looks_like_eformer_step(dir, objs->objects)) return not_committed;
   return data_loss(location + " is missing, but " + storage.describe() + "/" + dir + "/ holds " +
                    std::to_string(objs->objects.size()) + " object(s) (" + objs->objects.front().key +
                    (objs->objects.size() > 1 ? ", ..." : "") +
@@ -73,6 +81,12 @@ Result<std::vector<int64_t>> CheckpointManager::Impl::committed_steps(bool parse
       auto st = owner->storage().stat(index_key(it->name));
       if (st.ok()) steps.push_back(it->step);
       else if (st.status().code() != Code::kNotFound) return st.status();
+      if (st.ok()) continue;
+      // No ckptio index: committed only if it is a complete eformer step.
+      auto eformer = zarr::load_eformer_step(owner->storage(), it->name, it->step);
+      if (eformer.ok() && eformer->has_value()) steps.push_back(it->step);
+      else if (!eformer.ok() && eformer.status().code() != Code::kNotFound && !eformer.status().data_loss())
+        return eformer.status();
       continue;
     }
     auto index = load_index(it->name);
@@ -110,6 +124,7 @@ Result<std::vector<StepInfo>> CheckpointManager::Impl::step_dirs() {
       if (index.ok() && index->has_value()) {
         info.committed = true;
         info.committed_unix_ns = (*index)->committed_unix_ns;
+        info.layout = (*index)->layout;
       }
     }
     out.push_back(std::move(info));

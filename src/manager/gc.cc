@@ -7,6 +7,7 @@
 #include <string>
 
 #include "src/layout/layout.h"
+#include "src/layout/zarr/eformer_step.h"
 #include "src/manager/manager_impl.h"
 #include "src/util/clock.h"
 
@@ -57,6 +58,9 @@ Status CheckpointManager::Impl::gc(const GcOptions& options) {
     // data files goes (the index is read only when something else is there).
     auto objs = storage.list(d.name + "/", false);
     if (!objs.ok()) { note(objs.status()); continue; }
+    // Steps eformer wrote are its own (no attempts, no garbage): left alone,
+    // complete or not.
+    if (zarr::looks_like_eformer_step(d.name, objs->objects)) continue;
     const bool posix = storage.caps().atomic_rename;
     if (posix && std::all_of(objs->objects.begin(), objs->objects.end(), [&](const ListEntry& o) {
           return o.key == index_key(d.name) || o.key.starts_with(d.name + "/data-");

@@ -19,7 +19,9 @@
 #include "ckptio/manager.h"
 #include "src/layout/layout.h"
 #include "src/manager/manager_impl.h"
+#include "src/layout/zarr/eformer_step.h"
 #include "src/restore/restore_sharded.h"
+#include "src/restore/restore_zarr.h"
 #include "src/restore/restore_whole.h"
 #include "src/sharding/regex.h"
 #include "src/transform/cast.h"
@@ -192,6 +194,14 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
   }
   CKPTIO_RETURN_IF_ERROR(check_template(selected, options));
 
+  if (index.layout == zarr::kEformerLayout) {  // zarr chunks (src/restore/restore_zarr.cc)
+    RestoredState out;
+    out.step = the_step;
+    out.metadata_json = index.metadata_json;
+    CKPTIO_RETURN_IF_ERROR(restore_zarr(storage, naming.name(the_step), the_step, selected, options, &out));
+    out.stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    return out;
+  }
   if (options.sharding) {  // one buffer per local device (src/restore/restore_sharded.cc)
     RestoredState out;
     out.step = the_step;

@@ -34,6 +34,7 @@
 #include "src/util/crc32c.h"
 #include "src/restore/damage.h"
 #include "src/restore/read_planner.h"
+#include "src/restore/targets.h"
 #include "src/util/populate.h"
 
 namespace ckptio {
@@ -51,12 +52,6 @@ constexpr uint64_t kObjectStoreGap = 1ull << 20;
 // Object stores: bridging between leaves stops once everything read exceeds
 // the bytes needed by this much (per mille).
 constexpr uint64_t kBridgeAllowancePermille = 19;
-
-std::vector<int64_t> box_key(const Box& b) {
-  std::vector<int64_t> k(b.start);
-  k.insert(k.end(), b.stop.begin(), b.stop.end());
-  return k;
-}
 
 // One selected leaf: where its boxes go and how they are read.
 struct LeafJob {
@@ -87,104 +82,30 @@ struct Batch {
   size_t begin = 0, end = 0;  // into the ReadRefs
 };
 
-// Mesh positions of this process's devices.
-Result<std::vector<size_t>> local_positions(const RestoreOptions::Sharding& s) {
-  const std::vector<int64_t>& ids = s.mesh.device_ids();
-  if (ids.empty()) return invalid_argument("restore into a sharding: the mesh has no devices");
-  std::vector<size_t> out;
-  if (s.devices.empty()) {
-    for (size_t p = 0; p < ids.size(); ++p) out.push_back(p);
-    return out;
-  }
-  std::map<int64_t, size_t> pos;
-  for (size_t p = 0; p < ids.size(); ++p) pos[ids[p]] = p;
-  std::vector<bool> local(ids.size(), false);
-  for (int64_t d : s.devices) {
-    auto it = pos.find(d);
-    if (it == pos.end())
-      return invalid_argument("restore into a sharding: device " + std::to_string(d) +
-                              " is not in the mesh " + s.mesh.to_string());
-    if (local[it->second])
-      return invalid_argument("restore into a sharding: device " + std::to_string(d) + " is listed twice");
-    local[it->second] = true;
-  }
-  for (size_t p = 0; p < ids.size(); ++p)
-    if (local[p]) out.push_back(p);
-  return out;
-}
-
-// The spec of one leaf: its LeafSharding if given, else the rules.
-Result<PartitionSpec> leaf_spec(const RestoreOptions::Sharding& s,
-                                const std::map<std::string, const LeafSharding*>& given,
-                                const std::string& name, const LeafRecord& rec) {
-  auto it = given.find(name);
-  if (it != given.end()) {
-    if (it->second->shape != rec.shape)
-      return invalid_argument(name + ": the sharding given for it is for shape " +
-                              shape_to_string(it->second->shape) + ", the saved leaf has shape " +
-                              shape_to_string(rec.shape));
-    return it->second->spec;
-  }
-  auto m = match_partition_rules(s.rules, rec.path, rec.shape, s.rule_options);
-  if (!m.ok()) return m.status().annotate(name);
-  return std::move(m->spec);
-}
-
 // The smallest pos >= cursor with pos == offset modulo align (a power of two).
 uint64_t place(uint64_t cursor, uint64_t offset, uint64_t align) {
   return cursor + ((offset - cursor) & (align - 1));
 }
 
 
-// The dtype a leaf is restored in: the template's (allow_cast), else
-// float_dtype for floating leaves, else the saved one.
-DType restored_dtype(const RestoreOptions& options, const std::map<std::string, DType>& want,
-                     const std::string& name, DType saved) {
-  auto it = want.find(name);
-  if (it != want.end() && it->second != saved) return it->second;
-  if (options.float_dtype && dtype_is_float(saved)) return *options.float_dtype;
-  return saved;
-}
-
 // Every selected leaf's targets and read plan (and out->leaves, without
 // buffers). `files` numbers the step's data files.
 Status plan_leaves(const std::vector<std::pair<std::string, LeafRecord*>>& selected, const RestoreOptions& options,
                    const PlanOptions& po, std::vector<std::string>* files, std::vector<LeafJob>* jobs,
                    RestoredState* out) {
-  const RestoreOptions::Sharding& s = *options.sharding;
-  CKPTIO_ASSIGN_OR_RETURN(std::vector<size_t> local, local_positions(s));
-  std::map<std::string, const LeafSharding*> given;
-  for (const LeafSharding& l : s.leaves)
-    if (!given.emplace(l.prefix + "/" + l.path, &l).second)
-      return invalid_argument("restore into a sharding: leaf " + l.prefix + "/" + l.path +
-                              " has two entries in `leaves`");
-  std::map<std::string, DType> want;
-  for (const LeafSpec& e : options.expected) want[e.prefix + "/" + e.path] = e.dtype;
+  CKPTIO_ASSIGN_OR_RETURN(ShardingTargets where, ShardingTargets::make(options));
   jobs->reserve(selected.size());
   for (const auto& [prefix, rec] : selected) {
+    CKPTIO_ASSIGN_OR_RETURN(LeafTargets lt, where.leaf(prefix, *rec));
     LeafJob job;
-    job.name = prefix + "/" + rec->path;
+    job.name = std::move(lt.name);
+    job.spec = std::move(lt.spec);
     job.rec = rec;
-    CKPTIO_ASSIGN_OR_RETURN(PartitionSpec spec, leaf_spec(s, given, job.name, *rec));
-    const NamedSharding sharding{s.mesh, spec};
-    auto boxes = devices_indices_map(sharding, rec->shape, s.uneven);
-    if (!boxes.ok()) return boxes.status().annotate(job.name + " into " + spec.to_string());
-    std::map<std::vector<int64_t>, uint32_t> target_index;
-    Tensor t;
-    t.prefix = prefix;
-    t.path = rec->path;
-    t.dtype = restored_dtype(options, want, job.name, rec->dtype);
-    t.shape = rec->shape;
+    job.targets = std::move(lt.targets);
+    job.target_of = std::move(lt.target_of);
+    Tensor t = std::move(lt.tensor);
     job.transform = PieceTransform(rec->dtype, t.dtype);
-    for (size_t p : local) {
-      const DeviceBox& db = (*boxes)[p];
-      auto [it, fresh] = target_index.emplace(box_key(db.box), static_cast<uint32_t>(job.targets.size()));
-      if (fresh) job.targets.push_back(db.box);
-      job.target_of.push_back(it->second);
-      t.device_shards.push_back(DeviceShard{db.device_id, db.box, Buffer()});
-    }
     job.saved = saved_leaf_from_record(*rec, files);
-    job.spec = spec.to_string();
     auto plan = plan_reads(job.saved, job.targets, po);
     if (!plan.ok()) return plan.status().annotate("restore " + job.name + " into " + job.spec);
     job.plan = std::move(*plan);

@@ -160,6 +160,8 @@ struct Group {
   std::byte* bytes = nullptr;  // direct: where byte `offset` lands
 };
 
+}  // namespace
+
 // The caller's destinations per selected leaf (a later one for the same
 // leaf wins), refused before any read if one is of the wrong size. Usually
 // the caller lists every selected leaf in the order the index does: then
@@ -203,6 +205,8 @@ Result<std::vector<const RestoreOptions::Destination*>> match_destinations(
   return dests;
 }
 
+namespace {
+
 uint64_t selected_bytes(const std::vector<std::pair<std::string, LeafRecord*>>& selected) {
   uint64_t n = 0;
   for (const auto& sel : selected) n += sel.second->num_bytes();  // the index checked the sum fits
@@ -214,7 +218,7 @@ class WholeRestore : public ReadConsumer {
   WholeRestore(Storage& storage, const std::string& step_dir, const Index& index,
                const std::vector<std::pair<std::string, LeafRecord*>>& selected, const RestoreOptions& options,
                std::vector<const RestoreOptions::Destination*> dests, RestoredState* out)
-      : storage_(storage), step_(index.step), selected_(selected), options_(options), dests_(std::move(dests)),
+      : storage_(storage), selected_(selected), options_(options), dests_(std::move(dests)),
         out_(*out), align_(std::max<uint64_t>(storage.read_alignment(), 1)),
         of_step_(" of step " + std::to_string(index.step)),
         progress_(options.on_progress, options.on_progress ? selected_bytes(selected) : 0) {
@@ -383,7 +387,6 @@ class WholeRestore : public ReadConsumer {
   }
 
   Storage& storage_;
-  const int64_t step_;
   const std::vector<std::pair<std::string, LeafRecord*>>& selected_;
   const RestoreOptions& options_;
   const std::vector<const RestoreOptions::Destination*> dests_;

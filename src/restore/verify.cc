@@ -12,7 +12,9 @@
 #include "ckptio/manager.h"
 #include "src/manager/manager_impl.h"
 #include "src/restore/damage.h"
+#include "src/layout/zarr/eformer_step.h"
 #include "src/restore/read_executor.h"
+#include "src/restore/restore_zarr.h"
 #include "src/util/crc32c.h"
 
 namespace ckptio {
@@ -101,6 +103,7 @@ Status CheckpointManager::verify(int64_t step, const ProgressHook& on_progress) 
   CKPTIO_RETURN_IF_ERROR(check_process());
   CKPTIO_ASSIGN_OR_RETURN(Index index, read_index(step));
   const std::string dir = impl_->naming.name(step);
+  if (index.layout == zarr::kEformerLayout) return verify_zarr(*storage_, dir, index, on_progress);
   const std::string at = storage_->describe() + "/" + dir + "/";
   // Data files first: a missing or short file is named once with the shards
   // it takes down, instead of once per shard.

@@ -37,7 +37,7 @@ BuiltIndex build_index(const SaveJob& job) {
     }
     auto& leaves = index.prefixes[p].leaves;
     where[i] = {p, leaves.size()};
-    leaves.push_back(LeafRecord{leaf.path, leaf.dtype, leaf.shape, {}});
+    leaves.push_back(LeafRecord{leaf.path, leaf.dtype, leaf.shape, {}, {}});
   }
   for (const PlannedShard& ps : job.plan.shards) {
     const LeafView& leaf = job.leaves[ps.leaf];

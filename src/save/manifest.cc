@@ -194,7 +194,7 @@ Result<Index> merge_manifests(std::vector<Manifest> manifests) {
       for (LeafRecord& leaf : p.leaves) {
         auto [it, fresh] = at.emplace(std::pair{p.name, leaf.path}, Merged{pit->second, leaves.size(), {}});
         if (fresh) {
-          leaves.push_back(LeafRecord{leaf.path, leaf.dtype, leaf.shape, {}});
+          leaves.push_back(LeafRecord{leaf.path, leaf.dtype, leaf.shape, {}, {}});
         } else {
           const LeafRecord& first = leaves[it->second.leaf];
           if (first.dtype != leaf.dtype || first.shape != leaf.shape)

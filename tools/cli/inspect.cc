@@ -38,6 +38,7 @@ int run_inspect(const GlobalOptions& g, const InspectOptions& o) {
     nlohmann::json files = nlohmann::json::array();
     for (const DataFileRecord& f : index.files) files.push_back({{"name", f.name}, {"bytes", f.size}});
     nlohmann::json out = {{"step", index.step},
+                          {"layout", index.layout},
                           {"path", join_uri(o.uri, step_dir_name(g, index.step))},
                           {"bytes", index.total_bytes()},
                           {"created_at", format_time_iso(index.created_unix_ns)},
@@ -49,8 +50,9 @@ int run_inspect(const GlobalOptions& g, const InspectOptions& o) {
     return kExitOk;
   }
 
-  std::printf("step %lld at %s\n", static_cast<long long>(index.step),
-              join_uri(o.uri, step_dir_name(g, index.step)).c_str());
+  std::printf("step %lld at %s%s\n", static_cast<long long>(index.step),
+              join_uri(o.uri, step_dir_name(g, index.step)).c_str(),
+              index.layout == "ckptio" ? "" : (" (" + index.layout + " layout: zarr v2 chunks, no checksums)").c_str());
   std::printf("committed %s (%s after save() was called)\n",
               format_time_local(index.committed_unix_ns).c_str(),
               format_seconds((index.committed_unix_ns - index.created_unix_ns) / 1e9).c_str());

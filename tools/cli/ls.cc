@@ -43,6 +43,7 @@ int run_ls(const GlobalOptions& g, const LsOptions& o) {
       if (s.committed) {
         e["committed_at"] = format_time_iso(s.committed_unix_ns);
         e["committed_unix_ns"] = s.committed_unix_ns;
+        e["layout"] = s.layout;
       }
       if (!why.empty()) e["error"] = why;
       out.push_back(std::move(e));

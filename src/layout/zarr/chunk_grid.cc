@@ -14,6 +14,34 @@ std::string chunk_key(const ZArray& a, std::span<const uint64_t> index) {
   return key;
 }
 
+std::optional<std::vector<uint64_t>> parse_chunk_key(const ZArray& a, std::string_view key) {
+  const size_t rank = a.shape.size();
+  std::vector<uint64_t> index;
+  if (rank == 0) {
+    if (key != "0") return std::nullopt;
+    return index;
+  }
+  index.reserve(rank);
+  size_t at = 0;
+  for (size_t d = 0; d < rank; ++d) {
+    if (d > 0) {
+      if (at >= key.size() || key[at] != a.separator) return std::nullopt;
+      ++at;
+    }
+    const size_t begin = at;
+    uint64_t v = 0;
+    while (at < key.size() && key[at] >= '0' && key[at] <= '9') {
+      if (at - begin >= 19) return std::nullopt;  // more digits than any grid extent has
+      v = v * 10 + static_cast<uint64_t>(key[at] - '0');
+      ++at;
+    }
+    if (at == begin || (key[begin] == '0' && at - begin > 1) || v >= a.grid[d]) return std::nullopt;
+    index.push_back(v);
+  }
+  if (at != key.size()) return std::nullopt;
+  return index;
+}
+
 // parse_zarray / make_zarray proved that grid * chunks fits an int64, so a
 // position below the grid gives coordinates that do too.
 Box chunk_box(const ZArray& a, std::span<const uint64_t> index) {

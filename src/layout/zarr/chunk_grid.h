@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 #include <span>
 #include <string>
 #include <vector>
@@ -23,6 +25,12 @@ namespace ckptio::zarr {
 // a.grid[d]): its key inside the array's directory ("2.0", "2/0" with the
 // '/' separator; "0" for rank 0).
 std::string chunk_key(const ZArray& a, std::span<const uint64_t> index);
+
+// The grid position of a chunk key (chunk_key's inverse): decimal numbers
+// without sign or leading zeros, one per dimension joined by the array's
+// separator, each below its grid extent ("0" for rank 0); nullopt for any
+// other name (".zattrs", a key outside the grid).
+std::optional<std::vector<uint64_t>> parse_chunk_key(const ZArray& a, std::string_view key);
 
 // The chunk's full box, [index * chunks, (index + 1) * chunks): the layout
 // of its decoded bytes in C order. May extend past the shape (edge chunks).

@@ -1,0 +1,253 @@
+// An eformer step into ckptio's index model (contract in eformer_step.h).
+#include "src/layout/zarr/eformer_step.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <unordered_map>
+
+#include "src/layout/zarr/chunk_grid.h"
+#include "src/layout/zarr/eformer_index.h"
+#include "src/layout/zarr/zarray.h"
+
+namespace ckptio::zarr {
+namespace {
+
+constexpr uint64_t kMaxMetadataBytes = 1 << 20;
+constexpr std::string_view kZArrayName = ".zarray";
+
+bool ends_with_zarray(std::string_view rel) {
+  return rel == kZArrayName ||
+         (rel.size() > kZArrayName.size() && rel.ends_with(kZArrayName) &&
+          rel[rel.size() - kZArrayName.size() - 1] == '/');
+}
+
+struct Listed {
+  std::map<std::string, uint64_t> top;  // objects directly in the step directory: name -> size
+  std::vector<const ListEntry*> all;
+};
+
+// The arrays of the step's index or indexes, as (prefix, array).
+Result<std::vector<std::pair<std::string, EformerArray>>> read_indexes(Storage& storage, const std::string& dir,
+                                                                       const Listed& listed) {
+  std::vector<std::pair<std::string, EformerArray>> arrays;
+  auto read = [&](const std::string& name) -> Result<std::string> {
+    auto text = storage.get(dir + "/" + name, EformerIndexLimits{}.max_bytes);
+    if (!text.ok()) return text.status().annotate("read " + storage.describe() + "/" + dir + "/" + name);
+    return text;
+  };
+  auto take = [&](const EformerIndex& index) {
+    for (const EformerPrefix& p : index.prefixes)
+      for (const EformerArray& a : p.arrays) arrays.emplace_back(p.name, a);
+    if (index.arrays)
+      for (const EformerArray& a : *index.arrays) arrays.emplace_back("", a);
+  };
+  for (const auto& [name, size] : listed.top) {
+    (void)size;
+    const std::string where = storage.describe() + "/" + dir + "/" + name;
+    if (name == kEformerIndexName) {
+      CKPTIO_ASSIGN_OR_RETURN(std::string text, read(name));
+      auto index = parse_eformer_index(text);
+      if (!index.ok()) return index.status().annotate(where);
+      take(*index);
+    } else if (auto prefix = prefix_of_index_name(name)) {
+      CKPTIO_ASSIGN_OR_RETURN(std::string text, read(name));
+      auto index = parse_eformer_prefix_index(*prefix, text);
+      if (!index.ok()) return index.status().annotate(where);
+      take(*index);
+    }
+  }
+  return arrays;
+}
+
+// eformer's reader: the array's key path, without its prefix.
+std::string leaf_path(const std::string& prefix, const std::string& array_dir) {
+  std::string key = key_path_of_array_dir(array_dir);
+  if (!prefix.empty() && key.size() > prefix.size() && key.starts_with(prefix) && key[prefix.size()] == '.')
+    key.erase(0, prefix.size() + 1);
+  return key;
+}
+
+}  // namespace
+
+bool looks_like_eformer_step(const std::string& dir, const std::vector<ListEntry>& objects) {
+  const std::string head = dir + "/";
+  for (const ListEntry& o : objects) {
+    if (!o.key.starts_with(head)) continue;
+    const std::string_view rel = std::string_view(o.key).substr(head.size());
+    if (rel == kEformerMetadataName || rel == kEformerIndexName ||
+        (rel.find('/') == std::string_view::npos && prefix_of_index_name(rel)) || ends_with_zarray(rel))
+      return true;
+  }
+  return false;
+}
+
+std::optional<int64_t> parse_iso8601_ns(const std::string& text) {
+  int y, mo, d, h, mi, s, n = 0;
+  if (std::sscanf(text.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &s, &n) != 6 || n != 19)
+    return std::nullopt;
+  if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || s > 60) return std::nullopt;
+  std::tm tm{};
+  tm.tm_year = y - 1900;
+  tm.tm_mon = mo - 1;
+  tm.tm_mday = d;
+  tm.tm_hour = h;
+  tm.tm_min = mi;
+  tm.tm_sec = s;
+  int64_t ns = static_cast<int64_t>(timegm(&tm)) * 1'000'000'000;
+  size_t at = 19;
+  if (at < text.size() && text[at] == '.') {
+    ++at;
+    int64_t frac = 0, scale = 1'000'000'000;
+    const size_t begin = at;
+    while (at < text.size() && text[at] >= '0' && text[at] <= '9' && at - begin < 9) {
+      frac = frac * 10 + (text[at] - '0');
+      scale /= 10;
+      ++at;
+    }
+    if (at == begin) return std::nullopt;
+    ns += frac * scale;
+  }
+  if (at == text.size()) return ns;
+  if (text[at] == 'Z' && at + 1 == text.size()) return ns;
+  int oh, om, m = 0;
+  if ((text[at] == '+' || text[at] == '-') &&
+      std::sscanf(text.c_str() + at + 1, "%2d:%2d%n", &oh, &om, &m) == 2 && m == 5 && at + 6 == text.size()) {
+    const int64_t off = (static_cast<int64_t>(oh) * 60 + om) * 60 * 1'000'000'000;
+    return text[at] == '+' ? ns - off : ns + off;
+  }
+  return std::nullopt;
+}
+
+Result<std::optional<Index>> load_eformer_step(Storage& storage, const std::string& dir, int64_t step) {
+  const std::string head = dir + "/";
+  CKPTIO_ASSIGN_OR_RETURN(ListResult objs, storage.list(head, /*delimiter=*/false));
+  if (!looks_like_eformer_step(dir, objs.objects)) return std::optional<Index>();
+  const std::string where = storage.describe() + "/" + dir;
+  Listed listed;
+  for (const ListEntry& o : objs.objects) {
+    if (!o.key.starts_with(head)) continue;
+    listed.all.push_back(&o);
+    const std::string rel = o.key.substr(head.size());
+    if (rel.find('/') == std::string::npos) listed.top.emplace(rel, o.size);
+  }
+  auto in_progress = [&](const std::string& why) {
+    return not_found("step " + std::to_string(step) + " at " + where + " is an eformer step that is not complete (" +
+                     why + "): a save in progress, or one that never finished");
+  };
+  if (!listed.top.count(std::string(kEformerMetadataName))) return in_progress("no metadata.json");
+  const bool has_index = std::any_of(listed.top.begin(), listed.top.end(), [](const auto& kv) {
+    return kv.first == kEformerIndexName || prefix_of_index_name(kv.first).has_value();
+  });
+  if (!has_index) return in_progress("no tensorstore_index.json");
+
+  Index index;
+  index.layout = kEformerLayout;
+  index.step = step;
+  {
+    const std::string key = head + std::string(kEformerMetadataName);
+    auto text = storage.get(key, kMaxMetadataBytes);
+    if (!text.ok()) return text.status().annotate("read " + storage.describe() + "/" + key);
+    auto meta = parse_eformer_metadata(*text);
+    if (!meta.ok()) return meta.status().annotate(storage.describe() + "/" + key);
+    if (meta->step && *meta->step != step)
+      return data_loss(storage.describe() + "/" + key + ": says step " + std::to_string(*meta->step) +
+                       ", but its directory names step " + std::to_string(step));
+    if (meta->timestamp)
+      if (auto ns = parse_iso8601_ns(*meta->timestamp)) index.committed_unix_ns = index.created_unix_ns = *ns;
+    // The metadata eformer / EasyDeL wrote is the step's metadata, as is.
+    index.metadata_json = *text;
+    while (!index.metadata_json.empty() && (index.metadata_json.back() == '\n' || index.metadata_json.back() == ' '))
+      index.metadata_json.pop_back();
+  }
+
+  CKPTIO_ASSIGN_OR_RETURN(auto arrays, read_indexes(storage, dir, listed));
+
+  // Every array's .zarray, in one parallel read.
+  std::unordered_map<std::string, size_t> by_dir;  // array directory -> position in `arrays`
+  std::vector<ReadRequest> requests;
+  std::vector<uint64_t> zarray_size(arrays.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    const std::string& path = arrays[i].second.path;
+    if (!by_dir.emplace(path, i).second)
+      return data_loss(where + ": the eformer index lists array " + path + " twice");
+  }
+  std::unordered_map<std::string, uint64_t> sizes;
+  sizes.reserve(listed.all.size());
+  for (const ListEntry* e : listed.all) sizes.emplace(e->key.substr(head.size()), e->size);
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    auto it = sizes.find(arrays[i].second.path + "/" + std::string(kZArrayName));
+    if (it == sizes.end()) return in_progress("no " + arrays[i].second.path + "/.zarray");
+    if (it->second > ZArrayLimits{}.max_bytes)
+      return data_loss(where + "/" + arrays[i].second.path + "/.zarray: " + std::to_string(it->second) +
+                       " bytes, more than the limit of " + std::to_string(ZArrayLimits{}.max_bytes));
+    zarray_size[i] = it->second;
+    total += it->second;
+  }
+  std::string texts(total, '\0');
+  for (size_t i = 0, at = 0; i < arrays.size(); at += zarray_size[i], ++i)
+    requests.push_back(ReadRequest{head + arrays[i].second.path + "/" + std::string(kZArrayName), 0, zarray_size[i],
+                                   reinterpret_cast<std::byte*>(texts.data() + at)});
+  if (!requests.empty()) {
+    Status st = storage.read(requests);
+    if (!st.ok()) return st.annotate("read the .zarray files of " + where);
+  }
+
+  // Leaves, prefixes in the order the index gives them.
+  std::vector<ZArray> parsed(arrays.size());
+  std::map<std::string, size_t> prefix_at;
+  for (size_t i = 0, at = 0; i < arrays.size(); at += zarray_size[i], ++i) {
+    const auto& [prefix, a] = arrays[i];
+    const std::string file = where + "/" + a.path + "/.zarray";
+    auto z = parse_zarray(std::string_view(texts).substr(at, zarray_size[i]));
+    if (!z.ok()) return z.status().annotate(file);
+    if (z->shape != a.shape)
+      return data_loss(file + ": shape " + shape_to_string(z->shape) + ", but the eformer index says " +
+                       shape_to_string(a.shape));
+    if (a.dtype && *a.dtype != z->dtype)
+      return data_loss(file + ": dtype " + z->dtype_text + ", but the eformer index says " + a.dtype_name);
+    auto [pit, fresh] = prefix_at.emplace(prefix, index.prefixes.size());
+    if (fresh) index.prefixes.push_back(PrefixRecord{prefix, {}});
+    LeafRecord leaf;
+    leaf.path = leaf_path(prefix, a.path);
+    leaf.dtype = z->dtype;
+    leaf.shape = z->shape;
+    leaf.zarray.assign(texts, at, zarray_size[i]);
+    index.prefixes[pit->second].leaves.push_back(std::move(leaf));
+    parsed[i] = std::move(*z);
+  }
+  // Each listed object to its array and chunk: an array's directory is a
+  // prefix of the key ending at a '/'; arrays never nest (check_array_path).
+  std::vector<LeafRecord*> leaf_of(arrays.size());
+  {
+    std::map<std::string, size_t> next;
+    for (size_t i = 0; i < arrays.size(); ++i) {
+      PrefixRecord& p = index.prefixes[prefix_at[arrays[i].first]];
+      leaf_of[i] = &p.leaves[next[arrays[i].first]++];
+    }
+  }
+  for (const ListEntry* e : listed.all) {
+    const std::string rel = e->key.substr(head.size());
+    for (size_t slash = rel.find('/'); slash != std::string::npos; slash = rel.find('/', slash + 1)) {
+      auto it = by_dir.find(rel.substr(0, slash));
+      if (it == by_dir.end()) continue;
+      const ZArray& z = parsed[it->second];
+      auto chunk = parse_chunk_key(z, std::string_view(rel).substr(slash + 1));
+      if (chunk) {
+        ShardRecord s;
+        s.box = chunk_valid_box(z, *chunk);
+        s.file = rel;
+        s.offset = 0;
+        s.length = e->size;
+        leaf_of[it->second]->shards.push_back(std::move(s));
+        index.files.push_back(DataFileRecord{rel, e->size});
+      }
+      break;
+    }
+  }
+  return std::optional<Index>(std::move(index));
+}
+
+}  // namespace ckptio::zarr

@@ -1,0 +1,461 @@
+// Restore and verify of zarr v2 steps (contract in restore_zarr.h).
+#include "src/restore/restore_zarr.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "src/layout/zarr/chunk_codec.h"
+#include "src/layout/zarr/chunk_grid.h"
+#include "src/layout/zarr/zarray.h"
+#include "src/restore/damage.h"
+#include "src/restore/read_executor.h"
+#include "src/restore/restore_whole.h"
+#include "src/restore/targets.h"
+#include "src/transform/transform.h"
+#include "src/util/box_runs.h"
+
+namespace ckptio {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kBatchBytes = 64ull << 20;  // compressed bytes requested per batch
+constexpr uint64_t kHeldBytes = 256ull << 20;  // compressed bytes read and not yet decoded
+constexpr size_t kMaxProblems = 20;
+
+// One selected leaf and where it goes.
+struct ZLeaf {
+  std::string name;  // "model/layers.0.kernel"
+  const LeafRecord* rec = nullptr;
+  zarr::ZArray z;
+  std::vector<Box> targets;
+  std::vector<std::byte*> target_ptrs;
+  PieceTransform transform;
+  std::vector<std::byte> fill;  // one element of the fill value (saved dtype); empty: zeros
+};
+
+// One chunk to decode: read (shard set) or missing (filled).
+struct ChunkJob {
+  uint32_t leaf = 0;
+  std::vector<uint64_t> index;    // grid position
+  const ShardRecord* shard = nullptr;
+  std::vector<uint32_t> targets;  // the leaf's targets it overlaps
+  std::unique_ptr<std::byte[]> compressed;
+};
+
+// Threads that decode chunks and copy them out, one ChunkDecoder and one
+// scratch buffer each. Tasks run in any order; the first error is kept and
+// the tasks after it are dropped.
+class DecodeCrew {
+ public:
+  using Task = std::function<Status(zarr::ChunkDecoder&, std::vector<std::byte>&)>;
+  explicit DecodeCrew(unsigned n) {
+    for (unsigned i = 0; i < std::max(1u, n); ++i) threads_.emplace_back([this] { run(); });
+  }
+  ~DecodeCrew() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  void submit(Task t) {
+    {
+      std::lock_guard lock(mu_);
+      tasks_.push_back(std::move(t));
+      ++pending_;
+    }
+    cv_.notify_one();
+  }
+  // Waits for every task submitted; the first error.
+  Status wait() {
+    std::unique_lock lock(mu_);
+    done_cv_.wait(lock, [&] { return pending_ == 0; });
+    return error_;
+  }
+  Status error() {
+    std::lock_guard lock(mu_);
+    return error_;
+  }
+
+ private:
+  void run() {
+    zarr::ChunkDecoder decoder;
+    std::vector<std::byte> scratch;
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;
+      Task t = std::move(tasks_.front());
+      tasks_.pop_front();
+      const bool skip = !error_.ok();
+      lock.unlock();
+      Status st = skip ? Status::OK() : t(decoder, scratch);
+      t = nullptr;  // frees what the task holds before it counts as done
+      lock.lock();
+      if (!st.ok() && error_.ok()) error_ = st;
+      if (--pending_ == 0) done_cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<Task> tasks_;
+  size_t pending_ = 0;
+  bool stop_ = false;
+  Status error_;
+  std::vector<std::thread> threads_;
+};
+
+// Reads every planned chunk into a buffer of its own (destination()), hands
+// it to the crew when it lands, and bounds the compressed bytes held.
+class ZarrConsumer : public ReadConsumer {
+ public:
+  // verify: decode only (no targets), note problems and go on.
+  ZarrConsumer(Storage& storage, int64_t step, std::vector<ZLeaf>& leaves, std::vector<ChunkJob>& jobs,
+               const std::vector<std::string>& keys, ProgressReport& progress, bool verify)
+      : storage_(storage), step_(step), leaves_(leaves), jobs_(jobs), keys_(keys), progress_(progress),
+        verify_(verify), crew_(std::max(1u, std::thread::hardware_concurrency())) {}
+
+  std::byte* destination(size_t i) override {
+    const uint64_t n = jobs_[i].shard->length;
+    {
+      std::unique_lock lock(mu_);
+      // Waits only for chunks the crew holds: they drain. Chunks of the batch
+      // in flight land after this returns, so waiting for them would hang.
+      cv_.wait(lock, [&] { return queued_ == 0 || held_ + n <= kHeldBytes; });
+      held_ += n;
+    }
+    jobs_[i].compressed.reset(new std::byte[std::max<uint64_t>(n, 1)]);
+    return jobs_[i].compressed.get();
+  }
+
+  Status landed(size_t i, const std::byte*) override {
+    if (!verify_) CKPTIO_RETURN_IF_ERROR(crew_.error());
+    {
+      std::lock_guard lock(mu_);
+      queued_ += jobs_[i].shard->length;
+    }
+    crew_.submit([this, i](zarr::ChunkDecoder& d, std::vector<std::byte>& scratch) {
+      Status st = decode(jobs_[i], d, scratch);
+      const uint64_t n = jobs_[i].shard->length;
+      jobs_[i].compressed.reset();
+      {
+        std::lock_guard lock(mu_);
+        held_ -= n;
+        queued_ -= n;
+      }
+      cv_.notify_all();
+      if (!st.ok() && verify_) {
+        note(st.message());
+        return Status::OK();
+      }
+      return st;
+    });
+    return Status::OK();
+  }
+
+  void delivered(size_t, uint64_t bytes) override { progress_.update(bytes); }
+
+  Status failed(size_t i, Status st) override {
+    const ChunkJob& j = jobs_[i];
+    {  // never landed: gives its buffer back
+      std::lock_guard lock(mu_);
+      held_ -= j.shard->length;
+    }
+    jobs_[i].compressed.reset();
+    Status e = data_read_error(st, where(j), storage_.describe() + "/" + keys_[i]);
+    if (!verify_ || !e.data_loss()) return e;
+    note(e.message());
+    return Status::OK();
+  }
+
+  // Decodes (or fills) one chunk and copies it into its targets.
+  Status decode(ChunkJob& j, zarr::ChunkDecoder& d, std::vector<std::byte>& scratch) const {
+    const ZLeaf& L = leaves_[j.leaf];
+    const zarr::ZArray& z = L.z;
+    const Box full = zarr::chunk_box(z, j.index);
+    const Box valid = zarr::chunk_valid_box(z, j.index);
+    const size_t item = dtype_size(z.dtype);
+    std::span<const std::byte> src(j.compressed.get(), j.shard ? j.shard->length : 0);
+    // Straight into the target: one target, no cast, no padding, and the
+    // chunk one contiguous run of it.
+    if (j.shard && j.targets.size() == 1 && L.transform.identity() && full == valid &&
+        box_contains(L.targets[j.targets[0]], full)) {
+      auto layout = run_layout(full, 0, full, L.targets[j.targets[0]], item);
+      if (!layout.ok()) return layout.status().annotate(where(j));
+      if (layout->num_runs() == 1 && layout->run_bytes == z.chunk_bytes) {
+        Status st = d.decode(z.compressor, src, {L.target_ptrs[j.targets[0]] + layout->dst_base, z.chunk_bytes});
+        return st.ok() ? st : st.annotate(where(j));
+      }
+    }
+    scratch.resize(z.chunk_bytes);
+    if (j.shard) {
+      Status st = d.decode(z.compressor, src, scratch);
+      if (!st.ok()) return st.annotate(where(j));
+    } else if (L.fill.empty()) {
+      std::memset(scratch.data(), 0, scratch.size());
+    } else {
+      for (uint64_t at = 0; at + item <= scratch.size(); at += item) std::memcpy(scratch.data() + at, L.fill.data(), item);
+    }
+    for (uint32_t t : j.targets) {
+      const std::optional<Box> region = intersect(valid, L.targets[t]);
+      if (!region) continue;
+      auto layout = run_layout(full, 0, *region, L.targets[t], item);
+      if (!layout.ok()) return layout.status().annotate(where(j));
+      std::byte* dst = L.target_ptrs[t];
+      Status st;
+      for_each_run(*layout, [&](uint64_t s, uint64_t o, uint64_t n) {
+        if (st.ok()) st = L.transform.apply(scratch.data() + s, dst + L.transform.out_offset(o), n);
+      });
+      if (!st.ok()) return st.annotate(where(j));
+    }
+    return Status::OK();
+  }
+
+  std::string where(const ChunkJob& j) const {
+    const ZLeaf& L = leaves_[j.leaf];
+    return L.name + " chunk " + zarr::chunk_key(L.z, j.index) + " of step " + std::to_string(step_) + " (" +
+           storage_.describe() + "/" + (j.shard ? keys_[&j - jobs_.data()] : std::string("missing")) + ")";
+  }
+
+  void note(std::string p) {
+    std::lock_guard lock(mu_);
+    if (problems_.size() < kMaxProblems) problems_.push_back(std::move(p));
+    ++count_;
+  }
+  // After the reads: waits for the crew; its first error.
+  Status finish() { return crew_.wait(); }
+  std::vector<std::string> problems() const { return problems_; }
+  size_t count() const { return count_; }
+  DecodeCrew& crew() { return crew_; }
+
+ private:
+  Storage& storage_;
+  const int64_t step_;
+  std::vector<ZLeaf>& leaves_;
+  std::vector<ChunkJob>& jobs_;
+  const std::vector<std::string>& keys_;
+  ProgressReport& progress_;
+  const bool verify_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t held_ = 0, queued_ = 0;
+  std::vector<std::string> problems_;
+  size_t count_ = 0;
+  DecodeCrew crew_;  // last: joined first, while the rest is alive
+};
+
+Result<zarr::ZArray> leaf_zarray(const std::string& name, const LeafRecord& rec) {
+  auto z = zarr::parse_zarray(rec.zarray);
+  if (!z.ok()) return z.status().annotate(name + " (.zarray)");
+  if (z->shape != rec.shape || z->dtype != rec.dtype)
+    return internal_error(name + ": the .zarray disagrees with the leaf record");
+  return z;
+}
+
+// The chunks each leaf's targets overlap, in leaf order then C order: jobs
+// for those the store holds (with reads) come first in `jobs`; missing
+// ones are appended to `missing`.
+Status plan_chunks(std::vector<ZLeaf>& leaves, const std::string& step_dir, std::vector<ChunkJob>* jobs,
+                   std::vector<ChunkJob>* missing, std::vector<std::string>* keys, std::vector<ExecRead>* reads) {
+  for (uint32_t l = 0; l < leaves.size(); ++l) {
+    ZLeaf& L = leaves[l];
+    // The leaf's stored chunks by grid position (C-order rank).
+    auto rank_of = [&](std::span<const uint64_t> idx) {
+      uint64_t r = 0;
+      for (size_t d = 0; d < idx.size(); ++d) r = r * L.z.grid[d] + idx[d];
+      return r;
+    };
+    std::vector<std::pair<uint64_t, const ShardRecord*>> stored;
+    stored.reserve(L.rec->shards.size());
+    for (const ShardRecord& s : L.rec->shards) {
+      std::vector<uint64_t> idx(s.box.start.size());
+      for (size_t d = 0; d < idx.size(); ++d) idx[d] = static_cast<uint64_t>(s.box.start[d]) / L.z.chunks[d];
+      stored.emplace_back(rank_of(idx), &s);
+    }
+    std::sort(stored.begin(), stored.end());
+    // Chunk -> the targets it overlaps.
+    std::vector<std::pair<uint64_t, uint32_t>> needs;  // (chunk rank, target)
+    std::vector<std::vector<uint64_t>> positions;      // by first appearance
+    for (uint32_t t = 0; t < L.targets.size(); ++t) {
+      auto range = zarr::chunks_overlapping(L.z, L.targets[t]);
+      if (!range.ok()) return range.status().annotate(L.name);
+      zarr::for_each_chunk(*range, [&](std::span<const uint64_t> idx) { needs.emplace_back(rank_of(idx), t); });
+    }
+    std::sort(needs.begin(), needs.end());
+    for (size_t k = 0; k < needs.size();) {
+      ChunkJob j;
+      j.leaf = l;
+      const uint64_t r = needs[k].first;
+      for (; k < needs.size() && needs[k].first == r; ++k) j.targets.push_back(needs[k].second);
+      j.index.resize(L.z.grid.size());
+      for (size_t d = j.index.size(), rest = r; d-- > 0;) {
+        j.index[d] = rest % L.z.grid[d];
+        rest /= L.z.grid[d];
+      }
+      auto it = std::lower_bound(stored.begin(), stored.end(), std::make_pair(r, static_cast<const ShardRecord*>(nullptr)));
+      if (it != stored.end() && it->first == r) {
+        j.shard = it->second;
+        reads->push_back(ExecRead{static_cast<uint32_t>(keys->size()), 0, j.shard->length});
+        keys->push_back(step_dir + "/" + j.shard->file);
+        jobs->push_back(std::move(j));
+      } else {
+        missing->push_back(std::move(j));
+      }
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status restore_zarr(Storage& storage, const std::string& step_dir, int64_t step,
+                    const std::vector<std::pair<std::string, LeafRecord*>>& selected,
+                    const RestoreOptions& options, RestoredState* out) {
+  const auto t0 = Clock::now();
+  std::vector<ZLeaf> leaves(selected.size());
+  std::vector<Buffer> buffers;                // owners of whole-leaf targets and device buffers
+  std::vector<std::vector<uint32_t>> target_of(selected.size());
+  std::optional<ShardingTargets> sharding;
+  if (options.sharding) {
+    if (!options.into.empty())
+      return invalid_argument("restore into a sharding cannot also restore into caller memory (`into`)");
+    CKPTIO_ASSIGN_OR_RETURN(ShardingTargets st, ShardingTargets::make(options));
+    sharding.emplace(std::move(st));
+  }
+  CKPTIO_ASSIGN_OR_RETURN(auto dests, match_destinations(selected, options.into));
+  const auto want = template_dtypes(options);
+  std::vector<size_t> first_buffer(selected.size());
+  for (size_t i = 0; i < selected.size(); ++i) {
+    const auto& [prefix, rec] = selected[i];
+    ZLeaf& L = leaves[i];
+    L.rec = rec;
+    L.name = prefix + "/" + rec->path;
+    CKPTIO_ASSIGN_OR_RETURN(L.z, leaf_zarray(L.name, *rec));
+    CKPTIO_ASSIGN_OR_RETURN(L.fill, zarr::fill_value_bytes(L.z));
+    Tensor t;
+    if (sharding) {
+      CKPTIO_ASSIGN_OR_RETURN(LeafTargets lt, sharding->leaf(prefix, *rec));
+      L.targets = std::move(lt.targets);
+      target_of[i] = std::move(lt.target_of);
+      t = std::move(lt.tensor);
+    } else {
+      t.prefix = prefix;
+      t.path = rec->path;
+      t.shape = rec->shape;
+      t.dtype = restored_dtype(options, want, L.name, rec->dtype);
+      L.targets.push_back(Box::whole(rec->shape));
+    }
+    const RestoreOptions::Destination* dest = dests.empty() ? nullptr : dests[i];
+    if (dest && t.dtype != rec->dtype)
+      return invalid_argument("restore destination for " + L.name + " cannot take a cast to " +
+                              std::string(dtype_name(t.dtype)));
+    L.transform = PieceTransform(rec->dtype, t.dtype);
+    first_buffer[i] = buffers.size();
+    for (const Box& b : L.targets) {
+      const uint64_t bytes = *checked_num_bytes(b, dtype_size(t.dtype));  // inside a shape whose bytes fit
+      buffers.push_back(dest ? Buffer::wrap(dest->data, dest->size) : Buffer::allocate(bytes, 64));
+      L.target_ptrs.push_back(buffers.back().data());
+      out->stats.bytes_needed += *checked_num_bytes(b, dtype_size(rec->dtype));
+    }
+    out->leaves.push_back(std::move(t));
+  }
+
+  std::vector<ChunkJob> jobs, missing;
+  std::vector<std::string> keys;
+  std::vector<ExecRead> reads;
+  CKPTIO_RETURN_IF_ERROR(plan_chunks(leaves, step_dir, &jobs, &missing, &keys, &reads));
+  if (!missing.empty() && !options.fill_missing_chunks) {
+    const ChunkJob& j = missing.front();
+    return data_loss("restore " + leaves[j.leaf].name + " of step " + std::to_string(step) + ": chunk " +
+                     zarr::chunk_key(leaves[j.leaf].z, j.index) + " is missing at " + storage.describe() + "/" +
+                     step_dir + (missing.size() > 1 ? " (and " + std::to_string(missing.size() - 1) + " more)" : "") +
+                     "; restore with fill_missing_chunks to read missing chunks as the array's fill value");
+  }
+  uint64_t to_read = 0;
+  for (const ExecRead& r : reads) to_read += r.length;
+  out->stats.bytes_read = to_read;
+  out->stats.requests = reads.size();
+  out->stats.pieces_unverified = jobs.size();
+  out->stats.bytes_unverified = to_read;
+  const auto t_read = Clock::now();
+  out->stats.plan_seconds = std::chrono::duration<double>(t_read - t0).count();
+
+  ProgressReport progress(options.on_progress, to_read);
+  ZarrConsumer consumer(storage, step, leaves, jobs, keys, progress, /*verify=*/false);
+  for (ChunkJob& j : missing)
+    consumer.crew().submit([&consumer, &j](zarr::ChunkDecoder& d, std::vector<std::byte>& s) {
+      return consumer.decode(j, d, s);
+    });
+  ReadExecutorLimits el;
+  el.batch_bytes = kBatchBytes;
+  el.align = 1;
+  Status st = execute_reads(storage, keys, &reads, consumer, el, "restore step " + std::to_string(step));
+  Status decoded = consumer.finish();
+  CKPTIO_RETURN_IF_ERROR(st);
+  CKPTIO_RETURN_IF_ERROR(decoded);
+  progress.finish();
+  out->stats.read_seconds = std::chrono::duration<double>(Clock::now() - t_read).count();
+
+  for (size_t i = 0; i < selected.size(); ++i) {
+    Tensor& t = out->leaves[i];
+    if (sharding) {
+      for (size_t d = 0; d < t.device_shards.size(); ++d)
+        t.device_shards[d].data = buffers[first_buffer[i] + target_of[i][d]];
+    } else {
+      t.data = buffers[first_buffer[i]];
+    }
+  }
+  return Status::OK();
+}
+
+Status verify_zarr(Storage& storage, const std::string& step_dir, const Index& index,
+                   const ProgressHook& on_progress) {
+  std::vector<ZLeaf> leaves;
+  for (const PrefixRecord& p : index.prefixes)
+    for (const LeafRecord& rec : p.leaves) {
+      ZLeaf L;
+      L.rec = &rec;
+      L.name = p.name + "/" + rec.path;
+      CKPTIO_ASSIGN_OR_RETURN(L.z, leaf_zarray(L.name, rec));
+      L.targets.push_back(Box::whole(rec.shape));
+      leaves.push_back(std::move(L));
+    }
+  std::vector<ChunkJob> jobs, missing;
+  std::vector<std::string> keys;
+  std::vector<ExecRead> reads;
+  CKPTIO_RETURN_IF_ERROR(plan_chunks(leaves, step_dir, &jobs, &missing, &keys, &reads));
+  // Decode only: no chunk is copied anywhere.
+  for (ChunkJob& j : jobs) j.targets.clear();
+  uint64_t to_read = 0;
+  for (const ExecRead& r : reads) to_read += r.length;
+  ProgressReport progress(on_progress, to_read);
+  ZarrConsumer consumer(storage, index.step, leaves, jobs, keys, progress, /*verify=*/true);
+  for (const ChunkJob& j : missing)
+    consumer.note(leaves[j.leaf].name + " chunk " + zarr::chunk_key(leaves[j.leaf].z, j.index) +
+                  " is missing (restore with fill_missing_chunks reads it as the fill value)");
+  ReadExecutorLimits el;
+  el.batch_bytes = kBatchBytes;
+  Status st = execute_reads(storage, keys, &reads, consumer, el, "verify step " + std::to_string(index.step));
+  Status decoded = consumer.finish();
+  CKPTIO_RETURN_IF_ERROR(st);
+  CKPTIO_RETURN_IF_ERROR(decoded);
+  progress.finish();
+  if (consumer.count() == 0) return Status::OK();
+  std::string msg = "verify step " + std::to_string(index.step) + " at " + storage.describe() + "/" + step_dir +
+                    " (eformer layout): " + std::to_string(consumer.count()) + " damaged or missing chunk(s): ";
+  const auto problems = consumer.problems();
+  for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
+  if (consumer.count() > problems.size()) msg += "; ...";
+  return data_loss(msg);
+}
+
+}  // namespace ckptio

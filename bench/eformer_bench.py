@@ -1,0 +1,235 @@
+#!/usr/bin/python3
+"""Reading eformer / TensorStore zarr v2 steps: ckptio against zarr-python.
+
+  PYTHONPATH=<build>/python /usr/bin/python3 bench/eformer_bench.py \\
+      [--bytes 1G] [--reps 3] [--dir /var/tmp/ckptio-eformer-bench] [--json out.json]
+
+A state shaped as a transformer's (bfloat16 parameters, float32 optimizer
+moments; values normal(0, 0.02) as trained weights are, not random bytes) is
+written as eformer writes it from an 8-device data-parallel mesh: one zarr
+array per leaf, chunks of one eighth of the rows (the device shards), zstd
+level 1, tensorstore_index.json and metadata.json. zarr-python writes it
+(timed: the writer a user has today). Then, alternated, each in a fresh
+process after the page cache is dropped (root), medians of --reps:
+  - ckptio restore: `ckptio.CheckpointManager(base).restore()` (discovery,
+    index, .zarray files, chunks read and decoded on every core);
+  - zarr-python: every array opened and read whole (`z[...]`).
+Both check a checksum of every leaf against the values written. Then a
+resharded restore (one of 4 devices of a 2 x 2 mesh, kernels split on both
+axes) reports the compressed bytes read against those of the chunks its boxes
+touch. Also: the compression ratio, and CPU seconds per GiB of the ckptio
+restore (user + system of its process).
+"""
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from contenders import drop_caches  # noqa: E402
+
+GiB = 1 << 30
+
+
+def parse_bytes(s):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
+
+
+def plan_state(total):
+    """(prefix, dotted path, shape, dtype) of leaves summing to ~total bytes:
+    per layer a bf16 kernel [1024, 2048] and its f32 moment, plus a bias."""
+    leaves = []
+    per_layer = 1024 * 2048 * (2 + 4) + 2048 * 2
+    for i in range(max(1, total // per_layer)):
+        leaves.append(("model", f"layers.{i}.kernel", (1024, 2048), "bfloat16"))
+        leaves.append(("model", f"layers.{i}.bias", (2048,), "bfloat16"))
+        leaves.append(("tx", f"mu.layers.{i}.kernel", (1024, 2048), "float32"))
+    return leaves
+
+
+WRITER = r"""
+import datetime, json, os, sys, time, zlib
+import numpy as np, numcodecs, zarr
+from zarr.storage import DirectoryStore
+base, plan = sys.argv[1], json.load(open(sys.argv[2]))
+step_dir = os.path.join(base, "run-1")
+rng = np.random.default_rng(30)
+index = {"format": "tensorstore", "version": "0.0.95", "prefixes": {}}
+sums = {}
+t0 = time.perf_counter()
+for prefix, path, shape, dtype in plan:
+    a = (rng.standard_normal(shape, dtype=np.float32) * 0.02)
+    stored = (a.view("<u4") >> 16).astype("<u2") if dtype == "bfloat16" else a
+    d = os.path.join(step_dir, prefix, *path.split("."))
+    chunks = (max(1, shape[0] // 8),) + tuple(shape[1:])
+    z = zarr.open_array(store=DirectoryStore(d), mode="w", shape=shape, chunks=chunks, dtype=stored.dtype,
+                        compressor=numcodecs.Zstd(level=1), fill_value=None)
+    z[...] = stored
+    if dtype == "bfloat16":
+        m = json.load(open(os.path.join(d, ".zarray")))
+        m["dtype"] = "bfloat16"
+        open(os.path.join(d, ".zarray"), "w").write(json.dumps(m, sort_keys=True, separators=(",", ":")))
+    index["prefixes"].setdefault(prefix, []).append(
+        {"path": prefix + "/" + path.replace(".", "/"), "shape": list(shape), "dtype": dtype})
+    sums[prefix + "/" + path] = zlib.crc32(np.ascontiguousarray(stored).tobytes())
+open(os.path.join(step_dir, "tensorstore_index.json"), "w").write(json.dumps(index, indent=2))
+json.dump({"step": 1, "timestamp": datetime.datetime.now().isoformat(), "is_temporary": False},
+          open(os.path.join(step_dir, "metadata.json"), "w"))
+for root, dirs, files in os.walk(step_dir):
+    for f in files:
+        fd = os.open(os.path.join(root, f), os.O_RDONLY); os.fsync(fd); os.close(fd)
+seconds = time.perf_counter() - t0
+json.dump(sums, open(os.path.join(base, "sums.json"), "w"))
+print(json.dumps({"seconds": seconds}))
+"""
+
+CKPTIO_READ = r"""
+import json, os, resource, sys, time, zlib
+t0 = time.perf_counter()
+import numpy as np, ckptio
+base = sys.argv[1]
+tree, info = ckptio.CheckpointManager(base).restore(info=True)
+seconds = time.perf_counter() - t0
+sums = json.load(open(os.path.join(base, "sums.json")))
+flat = {}
+def walk(pfx, node):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            walk(pfx + [k], v)
+    else:
+        flat[pfx[0] + "/" + ".".join(pfx[1:])] = node
+walk([], tree)
+for name, crc in sums.items():
+    a = flat[name]
+    if zlib.crc32(np.ascontiguousarray(a).view(np.uint8).tobytes()) != crc:
+        sys.exit("ckptio: " + name + " differs from what was written")
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"seconds": seconds, "cpu": ru.ru_utime + ru.ru_stime, "stats": info.stats}))
+"""
+
+ZARR_READ = r"""
+import json, os, sys, time, zlib
+t0 = time.perf_counter()
+import numpy as np, zarr
+base = sys.argv[1]
+step_dir = os.path.join(base, "run-1")
+index = json.load(open(os.path.join(step_dir, "tensorstore_index.json")))
+
+class Store(zarr.DirectoryStore):
+    # zarr-python has no bfloat16: its arrays read as the uint16 they are stored as.
+    def __getitem__(self, key):
+        v = super().__getitem__(key)
+        return v.replace(b'"bfloat16"', b'"<u2"') if key.endswith(".zarray") else v
+
+out = {}
+for prefix, arrays in index["prefixes"].items():
+    for a in arrays:
+        z = zarr.open_array(store=Store(os.path.join(step_dir, a["path"])), mode="r")
+        out[prefix + "/" + a["path"][len(prefix) + 1:].replace("/", ".")] = z[...]
+seconds = time.perf_counter() - t0
+sums = json.load(open(os.path.join(base, "sums.json")))
+for name, crc in sums.items():
+    if zlib.crc32(np.ascontiguousarray(out[name]).tobytes()) != crc:
+        sys.exit("zarr: " + name + " differs from what was written")
+print(json.dumps({"seconds": seconds}))
+"""
+
+RESHARD = r"""
+import json, sys, ckptio
+base = sys.argv[1]
+tree, info = ckptio.CheckpointManager(base).restore(info=True, sharding=dict(
+    mesh={"x": 2, "y": 2}, rules=[("kernel", ("x", "y")), (".*", ())], devices=[1], min_size=0))
+print(json.dumps({"stats": info.stats}))
+"""
+
+
+def run_py(code, *args, env=None):
+    p = subprocess.run(["/usr/bin/python3", "-c", code] + list(args), capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        sys.exit("eformer_bench: a run failed:\n" + (p.stderr or p.stdout)[-2000:])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def touched_chunk_bytes(base, plan):
+    """Compressed bytes of the chunks device 1 of the 2 x 2 mesh touches:
+    kernels split (x, y) -> rows [0, R/2), all chunks of 1/8 rows in that
+    half; everything else replicated -> every chunk."""
+    step_dir = os.path.join(base, "run-1")
+    total = 0
+    for prefix, path, shape, dtype in plan:
+        d = os.path.join(step_dir, prefix, *path.split("."))
+        rows_per_chunk = max(1, shape[0] // 8)
+        for f in os.listdir(d):
+            if f.startswith("."):
+                continue
+            row_chunk = int(f.split(".")[0])
+            if "kernel" in path and row_chunk * rows_per_chunk >= shape[0] // 2:
+                continue
+            total += os.path.getsize(os.path.join(d, f))
+    return total
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bytes", default="1G")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dir", default="/var/tmp/ckptio-eformer-bench")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    try:
+        import ckptio  # noqa: F401
+    except ImportError as e:
+        sys.exit("eformer_bench: cannot import ckptio (%s): set PYTHONPATH=<build>/python" % e)
+    plan = plan_state(parse_bytes(a.bytes))
+    shutil.rmtree(a.dir, ignore_errors=True)
+    os.makedirs(a.dir)
+    with open(os.path.join(a.dir, "plan.json"), "w") as f:
+        json.dump(plan, f)
+    raw = sum(int(np.prod(s)) * (2 if d == "bfloat16" else 4) for _, _, s, d in plan)
+    w = run_py(WRITER, a.dir, os.path.join(a.dir, "plan.json"))
+    stored = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(os.path.join(a.dir, "run-1"))
+                 for f in fs)
+    print(f"state: {len(plan)} leaves, {raw / GiB:.2f} GiB; stored {stored / GiB:.2f} GiB "
+          f"(compression ratio {raw / stored:.3f}); zarr-python wrote it in {w['seconds']:.2f} s "
+          f"({raw / w['seconds'] / 1e9:.2f} GB/s)")
+    cold = True
+    rows = {"ckptio": [], "zarr": []}
+    cpu = []
+    for rep in range(a.reps):
+        for who in (("ckptio", "zarr") if rep % 2 == 0 else ("zarr", "ckptio")):
+            cold = drop_caches() and cold
+            t0 = time.perf_counter()
+            r = run_py(CKPTIO_READ if who == "ckptio" else ZARR_READ, a.dir)
+            wall = time.perf_counter() - t0  # process start to verified state, as a restart lives it
+            rows[who].append(wall)
+            if who == "ckptio":
+                cpu.append(r["cpu"])
+            print(f"  rep {rep + 1} {who:6s}: {wall:.2f} s in a fresh process ({raw / wall / 1e9:.2f} GB/s)")
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    print(f"restore, fresh process{', cold page cache' if cold else ' (page cache NOT dropped: not root)'}, "
+          f"medians of {a.reps}: ckptio {raw / med['ckptio'] / 1e9:.2f} GB/s, zarr-python "
+          f"{raw / med['zarr'] / 1e9:.2f} GB/s: {med['zarr'] / med['ckptio']:.2f}x (target >= 3x)")
+    print(f"ckptio restore CPU: {statistics.median(cpu) / (raw / GiB):.2f} s per GiB restored (user + system)")
+    drop_caches()
+    rs = run_py(RESHARD, a.dir)["stats"]
+    touched = touched_chunk_bytes(a.dir, plan)
+    print(f"resharded restore (device 1 of x=2,y=2): read {rs['bytes_read']} B, the chunks its boxes touch "
+          f"hold {touched} B: {rs['bytes_read'] / touched:.3f}x (target <= 1.02x)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"raw_bytes": raw, "stored_bytes": stored, "zarr_write_seconds": w["seconds"],
+                       "restore_seconds": rows, "cpu_seconds": cpu, "reshard_bytes_read": rs["bytes_read"],
+                       "reshard_touched_bytes": touched}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -324,6 +324,7 @@ py::dict inspect(const std::string& uri, std::optional<int64_t> step, const std:
   const Index index = value_or_throw(std::move(r));
   py::dict d;
   d["step"] = index.step;
+  d["layout"] = index.layout;
   d["path"] = join_uri(uri, step_dir_name(step_format, index.step));
   d["bytes"] = index.total_bytes();
   d["created_unix_ns"] = index.created_unix_ns;

@@ -1,0 +1,657 @@
+// Writing one step in eformer's layout (contract in eformer_writer.h).
+#include "src/layout/zarr/eformer_writer.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "src/layout/layout.h"
+#include "src/layout/zarr/chunk_codec.h"
+#include "src/layout/zarr/chunk_grid.h"
+#include "src/layout/zarr/eformer_index.h"
+#include "src/save/commit.h"
+#include "src/util/box_runs.h"
+
+namespace ckptio::zarr {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// Chunk buffers are aligned and padded for O_DIRECT writes (local backend).
+constexpr uint64_t kAlign = 4096;
+constexpr uint64_t kDefaultIoThreads = 16;
+// An encoder's scratch larger than this is freed after each chunk.
+constexpr uint64_t kKeepScratch = 16ull << 20;
+// A grid larger than this is refused (the writer keeps one bit per chunk).
+constexpr uint64_t kMaxChunksPerArray = 1ull << 32;
+
+uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+std::span<const std::byte> as_bytes(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+// A buffer of `size` bytes followed by zeros up to a multiple of kAlign.
+Buffer padded_buffer(uint64_t size) {
+  Buffer b = Buffer::allocate(round_up(std::max<uint64_t>(size, 1), kAlign), kAlign);
+  std::memset(b.data() + size, 0, b.size() - size);
+  return b;
+}
+
+// metadata.json's extra members (", \"key\": value" each, Python's separators
+// at the top level), from a JSON object; kInvalidArgument otherwise.
+Result<std::string> extra_members(const std::string& text) {
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    return invalid_argument("extra_metadata_json is not a JSON object: " + text.substr(0, 80));
+  std::string out;
+  for (const auto& [key, value] : j.items()) {
+    if (key == "step" || key == "timestamp" || key == "is_temporary")
+      return invalid_argument("extra_metadata_json sets \"" + key + "\", which the writer writes");
+    out += ", " + Json(key).dump(-1, ' ', true) + ": " + value.dump(-1, ' ', true);
+  }
+  return out;
+}
+
+std::string parent_of(const std::string& key) {
+  const size_t slash = key.rfind('/');
+  return slash == std::string::npos ? std::string() : key.substr(0, slash);
+}
+
+// The C-order bytes of chunk `idx` (its full box, zeros past the shape) out
+// of `bytes`, which hold `box` (a box containing the chunk's valid box).
+Status copy_chunk(const ZArray& z, const Box& box, std::span<const std::byte> bytes,
+                  std::span<const uint64_t> idx, std::byte* dst) {
+  const size_t item = dtype_size(z.dtype);
+  if (z.shape.empty()) {
+    std::memcpy(dst, bytes.data(), item);
+    return Status::OK();
+  }
+  const Box full = chunk_box(z, idx);
+  const Box valid = chunk_valid_box(z, idx);
+  if (box == full) {
+    std::memcpy(dst, bytes.data(), z.chunk_bytes);
+    return Status::OK();
+  }
+  if (!(valid == full)) std::memset(dst, 0, z.chunk_bytes);
+  CKPTIO_ASSIGN_OR_RETURN(RunLayout layout, run_layout(box, 0, valid, full, item));
+  for_each_run(layout, [&](uint64_t src, uint64_t to, uint64_t n) { std::memcpy(dst + to, bytes.data() + src, n); });
+  return Status::OK();
+}
+
+// kInvalidArgument unless `box` is a union of whole chunks of `z`'s grid
+// (clipped to the shape) and `size` its byte count.
+Status check_box(const ZArray& z, const std::string& name, const Box& box, uint64_t size) {
+  auto bad = [&](const std::string& why) { return invalid_argument("array " + name + ": box " + why); };
+  if (box.start.size() != z.shape.size() || box.stop.size() != z.shape.size())
+    return bad("has rank " + std::to_string(box.start.size()) + ", the array " + std::to_string(z.shape.size()));
+  uint64_t elements = 1;
+  for (size_t d = 0; d < z.shape.size(); ++d) {
+    const int64_t a = box.start[d], b = box.stop[d], n = z.shape[d], c = z.chunks[d];
+    if (a < 0 || a > b || b > n)
+      return bad("[" + std::to_string(a) + ", " + std::to_string(b) + ") in dimension " + std::to_string(d) +
+                 " is not inside the shape (" + std::to_string(n) + ")");
+    if (a % c != 0 || (b % c != 0 && b != n))
+      return bad("[" + std::to_string(a) + ", " + std::to_string(b) + ") in dimension " + std::to_string(d) +
+                 " does not fall on chunk boundaries (chunks of " + std::to_string(c) + ")");
+    elements *= static_cast<uint64_t>(b - a);
+  }
+  if (size != elements * dtype_size(z.dtype))
+    return bad("holds " + std::to_string(elements * dtype_size(z.dtype)) + " bytes, given " + std::to_string(size));
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string python_isoformat_local(int64_t unix_ns) {
+  const time_t secs = static_cast<time_t>(unix_ns / 1'000'000'000);
+  const long micros = static_cast<long>((unix_ns % 1'000'000'000) / 1000);
+  std::tm tm{};
+  localtime_r(&secs, &tm);
+  char buf[48];
+  size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  if (micros != 0) std::snprintf(buf + n, sizeof buf - n, ".%06ld", micros);
+  return buf;
+}
+
+// ---- State --------------------------------------------------------------------
+
+struct EformerStepWriter::Impl {
+  struct Array {
+    std::string prefix, path, dir;  // dir: the array's directory under the step
+    ZArray z;
+    std::vector<bool> written;      // per chunk, C order over the grid
+    uint64_t written_count = 0;
+    std::string name() const { return prefix.empty() ? path : prefix + "/" + path; }
+  };
+  struct EncodeJob {
+    std::string key;
+    Buffer raw;         // the full chunk, padded
+    uint64_t bytes = 0; // the chunk's bytes (ZArray::chunk_bytes)
+  };
+  // A chunk ready to be written: `size` bytes at data.data(), kept alive by
+  // data (or owner); `held` bytes of memory counted in pending.
+  struct Encoded {
+    Buffer data;
+    std::shared_ptr<const void> owner;
+    uint64_t size = 0;
+    uint64_t held = 0;
+  };
+  struct IoJob {
+    std::function<Status()> run;
+    uint64_t reserved = 0;  // of pending, released when done
+  };
+  enum class State { kOpen, kCommitting, kCommitted, kAborted };
+
+  Storage& storage;
+  AttemptPaths paths;
+  int64_t step;
+  EformerWriteOptions options;
+  std::string extra;  // metadata.json's extra members
+
+  std::mutex mu;
+  std::condition_variable encode_cv, io_cv, progress_cv;
+  std::vector<Array> arrays;
+  std::map<std::string, size_t> by_dir;
+  std::deque<EncodeJob> encode_q;
+  std::deque<IoJob> io_q;
+  uint64_t pending = 0;      // bytes of chunk buffers held (queued, encoding, writing)
+  uint64_t outstanding = 0;  // jobs queued or running
+  Status first_error;
+  bool stopping = false;
+  State state = State::kOpen;
+  std::vector<std::thread> threads;
+
+  Impl(Storage& s, AttemptPaths p, int64_t st, EformerWriteOptions o, std::string e)
+      : storage(s), paths(std::move(p)), step(st), options(std::move(o)), extra(std::move(e)) {}
+
+  std::string key_of(const std::string& rel) const { return paths.stage_dir + "/" + rel; }
+
+  void fail(const Status& s) {
+    std::lock_guard lock(mu);
+    if (first_error.ok()) first_error = s;
+    progress_cv.notify_all();
+  }
+  Status error() {
+    std::lock_guard lock(mu);
+    return first_error;
+  }
+  // One job done: its reservation released.
+  void job_done(uint64_t reserved) {
+    std::lock_guard lock(mu);
+    pending -= reserved;
+    --outstanding;
+    progress_cv.notify_all();
+  }
+  void push_io(std::function<Status()> run, uint64_t reserved, bool counted) {
+    std::lock_guard lock(mu);
+    if (!counted) ++outstanding;
+    io_q.push_back(IoJob{std::move(run), reserved});
+    io_cv.notify_one();
+  }
+  void drain() {
+    std::unique_lock lock(mu);
+    progress_cv.wait(lock, [&] { return outstanding == 0; });
+  }
+
+  void start_threads();
+  void stop_threads();
+  void encoder_loop();
+  Encoded take_encoded(std::vector<std::byte>& out);
+  void io_loop();
+  Status write_object(const std::string& key, const Buffer& data, uint64_t size);
+  Status reserve(uint64_t n);
+  Status check_coverage();
+  Status write_index();
+  Status sync_dirs();
+  Result<std::string> metadata_text() const;
+  Status publish(const std::string& metadata, bool* keep);
+  Status publish_object_store(const std::string& metadata, bool* keep);
+  void discard();
+};
+
+// ---- Threads ------------------------------------------------------------------
+
+void EformerStepWriter::Impl::start_threads() {
+  const unsigned enc = options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+  const unsigned io = options.io_threads ? options.io_threads : kDefaultIoThreads;
+  for (unsigned i = 0; i < enc; ++i) threads.emplace_back([this] { encoder_loop(); });
+  for (unsigned i = 0; i < io; ++i) threads.emplace_back([this] { io_loop(); });
+}
+
+void EformerStepWriter::Impl::stop_threads() {
+  {
+    std::lock_guard lock(mu);
+    stopping = true;
+  }
+  encode_cv.notify_all();
+  io_cv.notify_all();
+  for (std::thread& t : threads) t.join();
+  threads.clear();
+}
+
+void EformerStepWriter::Impl::encoder_loop() {
+  ChunkEncoder encoder;
+  std::vector<std::byte> out;
+  for (;;) {
+    EncodeJob job;
+    {
+      std::unique_lock lock(mu);
+      encode_cv.wait(lock, [&] { return stopping || !encode_q.empty(); });
+      if (encode_q.empty()) return;
+      job = std::move(encode_q.front());
+      encode_q.pop_front();
+    }
+    const uint64_t raw_reserved = job.raw.size();
+    if (!error().ok()) {
+      job_done(raw_reserved);
+      continue;
+    }
+    Encoded e{job.raw, nullptr, job.bytes, raw_reserved};
+    if (options.compressor.id != CodecId::kNone) {
+      Status st = encoder.encode(options.compressor, std::span(job.raw.data(), job.bytes), &out);
+      if (!st.ok()) {
+        fail(st.annotate("encode " + storage.describe() + "/" + job.key));
+        job_done(raw_reserved);
+        continue;
+      }
+      e = take_encoded(out);
+      job.raw = Buffer();
+      std::lock_guard lock(mu);
+      pending = pending - raw_reserved + e.held;
+      progress_cv.notify_all();
+    }
+    push_io([this, key = std::move(job.key), e] { return write_object(key, e.data, e.size); }, e.held,
+            /*counted=*/true);
+  }
+}
+
+// The encoded bytes in `out` as a buffer the chunk's write can use: moved
+// out of `out` where the storage takes any address, else copied into an
+// aligned, padded buffer (O_DIRECT); a large scratch is then let go, so an
+// idle encoder holds no chunk-sized memory.
+EformerStepWriter::Impl::Encoded EformerStepWriter::Impl::take_encoded(std::vector<std::byte>& out) {
+  Encoded e;
+  e.size = out.size();
+  if (storage.write_memory_alignment() <= 1) {
+    auto owned = std::make_shared<std::vector<std::byte>>(std::move(out));
+    out = std::vector<std::byte>();
+    e.data = Buffer::wrap(owned->data(), owned->size());
+    e.held = owned->capacity();
+    e.owner = std::move(owned);
+    return e;
+  }
+  e.data = padded_buffer(e.size);
+  std::memcpy(e.data.data(), out.data(), e.size);
+  e.held = e.data.size();
+  if (out.capacity() > kKeepScratch) out = std::vector<std::byte>();
+  return e;
+}
+
+void EformerStepWriter::Impl::io_loop() {
+  for (;;) {
+    IoJob job;
+    {
+      std::unique_lock lock(mu);
+      io_cv.wait(lock, [&] { return stopping || !io_q.empty(); });
+      if (io_q.empty()) return;
+      job = std::move(io_q.front());
+      io_q.pop_front();
+    }
+    if (error().ok()) {
+      Status st = job.run();
+      if (!st.ok()) fail(st);
+    }
+    job.run = nullptr;  // frees the chunk's buffer before the reservation is released
+    job_done(job.reserved);
+  }
+}
+
+// One chunk object: created, written in one range, made durable.
+Status EformerStepWriter::Impl::write_object(const std::string& key, const Buffer& data, uint64_t size) {
+  const std::string where = "write " + storage.describe() + "/" + key;
+  auto created = storage.create_new(key, size);
+  if (!created.ok()) return created.status().annotate(where);
+  std::unique_ptr<WritableObject> obj = std::move(*created);
+  const uint64_t len = round_up(size, std::max<uint64_t>(obj->alignment(), 1));
+  Buffer src = data;
+  if (len > src.size()) {  // an alignment above kAlign: pad a copy
+    src = Buffer::allocate(len, kAlign);
+    std::memset(src.data(), 0, len);
+    std::memcpy(src.data(), data.data(), size);
+  }
+  struct Done {
+    std::mutex mu;
+    Status st;
+  };
+  auto done = std::make_shared<Done>();
+  obj->write_async(0, std::span<const std::byte>(src.data(), len), [done](Status s) {
+    std::lock_guard lock(done->mu);
+    done->st = std::move(s);
+  });
+  Status fin = obj->finish(size);
+  Status wrote;
+  {
+    std::lock_guard lock(done->mu);
+    wrote = done->st;
+  }
+  if (!wrote.ok()) return wrote.annotate(where);
+  return fin.ok() ? fin : fin.annotate(where);
+}
+
+// Waits until `n` more bytes fit the budget (or nothing is held), then takes them.
+Status EformerStepWriter::Impl::reserve(uint64_t n) {
+  std::unique_lock lock(mu);
+  progress_cv.wait(lock, [&] {
+    return !first_error.ok() || pending == 0 || pending + n <= options.max_pending_bytes;
+  });
+  if (!first_error.ok()) return first_error;
+  pending += n;
+  return Status::OK();
+}
+
+// ---- Commit -------------------------------------------------------------------
+
+Status EformerStepWriter::Impl::check_coverage() {
+  for (const Array& a : arrays) {
+    if (a.written_count == a.z.num_chunks) continue;
+    uint64_t flat = 0;
+    while (flat < a.written.size() && a.written[flat]) ++flat;
+    std::vector<uint64_t> idx(a.z.grid.size());
+    for (size_t d = idx.size(); d-- > 0;) {
+      idx[d] = flat % a.z.grid[d];
+      flat /= a.z.grid[d];
+    }
+    const std::string key = chunk_key(a.z, idx);
+    return Status(Code::kFailedPrecondition,
+                  "array " + a.name() + ": chunk " + key + " (" + a.dir + "/" + key + ") was never written; " +
+                      std::to_string(a.z.num_chunks - a.written_count) + " of " + std::to_string(a.z.num_chunks) +
+                      " chunks missing");
+  }
+  return Status::OK();
+}
+
+Status EformerStepWriter::Impl::write_index() {
+  EformerIndex index;
+  for (const Array& a : arrays) {
+    EformerArray e{a.dir, a.z.shape, "", a.z.dtype};
+    if (a.prefix.empty()) {
+      if (!index.arrays) index.arrays.emplace();
+      index.arrays->push_back(std::move(e));
+      continue;
+    }
+    auto it = std::find_if(index.prefixes.begin(), index.prefixes.end(),
+                           [&](const EformerPrefix& p) { return p.name == a.prefix; });
+    if (it == index.prefixes.end()) it = index.prefixes.insert(index.prefixes.end(), EformerPrefix{a.prefix, {}});
+    it->arrays.push_back(std::move(e));
+  }
+  const std::string key = key_of(std::string(kEformerIndexName));
+  return storage.put(key, as_bytes(serialize_eformer_index(index))).annotate("write " + storage.describe() + "/" + key);
+}
+
+// POSIX: fsyncs every directory the step created, on the I/O threads.
+Status EformerStepWriter::Impl::sync_dirs() {
+  std::set<std::string> dirs = {""};
+  auto add_with_parents = [&](std::string d) {
+    while (!d.empty() && dirs.insert(d).second) d = parent_of(d);
+  };
+  for (const Array& a : arrays) {
+    add_with_parents(a.dir);
+    if (a.z.separator != '/' || a.z.grid.size() < 2) continue;
+    ChunkRange all{std::vector<uint64_t>(a.z.grid.size(), 0), a.z.grid, a.z.num_chunks};
+    for_each_chunk(all, [&](std::span<const uint64_t> idx) { add_with_parents(a.dir + "/" + parent_of(chunk_key(a.z, idx))); });
+  }
+  for (const std::string& d : dirs) {
+    const std::string prefix = paths.stage_dir + "/" + (d.empty() ? "" : d + "/");
+    push_io([this, prefix] { return storage.sync(prefix).annotate("sync " + storage.describe() + "/" + prefix); }, 0,
+            /*counted=*/false);
+  }
+  drain();
+  return error();
+}
+
+Result<std::string> EformerStepWriter::Impl::metadata_text() const {
+  EformerStepMetadata m;
+  m.step = step;
+  m.timestamp = python_isoformat_local(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  m.is_temporary = options.is_temporary;
+  std::string text = serialize_eformer_metadata(m);
+  if (text.empty() || text.back() != '}') return internal_error("metadata.json does not end in '}': " + text);
+  text.insert(text.size() - 1, extra);
+  return text;
+}
+
+// Object stores: metadata.json PUT last, settled by reading it back when the
+// PUT's outcome is unclear (as commit.cc settles an index). *keep: leave the
+// step's objects (they may be committed, or be another writer's).
+Status EformerStepWriter::Impl::publish_object_store(const std::string& metadata, bool* keep) {
+  const std::string key = paths.final_dir + "/" + std::string(kEformerMetadataName);
+  const std::span<const std::byte> bytes = as_bytes(metadata);
+  Status put = options.overwrite ? storage.put(key, bytes) : storage.put_new(key, bytes);
+  if (put.ok()) return put;
+  put = put.annotate("write " + storage.describe() + "/" + key);
+  const bool refused = put.code() == Code::kAlreadyExists;
+  const bool maybe = put.code() == Code::kUnavailable || put.code() == Code::kIOError ||
+                     put.code() == Code::kInternal || put.code() == Code::kCancelled;
+  auto already = [&] {
+    *keep = true;  // another writer committed this step into the same prefix meanwhile
+    return Status(Code::kAlreadyExists, "step " + paths.final_dir + " was committed by another writer meanwhile");
+  };
+  if (!refused && !maybe) return put;
+  auto there = storage.get(key, bytes.size());
+  if (there.ok()) return *there == metadata ? Status::OK() : refused ? already() : put;
+  const Code code = there.status().code();
+  if (code == Code::kNotFound || code == Code::kInvalidArgument) return refused ? already() : put;
+  *keep = true;
+  return put.annotate("step " + paths.final_dir + " may or may not be committed (its metadata.json could not be "
+                      "read back: " + there.status().to_string() + "); its objects are left");
+}
+
+Status EformerStepWriter::Impl::publish(const std::string& metadata, bool* keep) {
+  if (!paths.renames) return publish_object_store(metadata, keep);
+  const std::string key = key_of(std::string(kEformerMetadataName));
+  CKPTIO_RETURN_IF_ERROR(storage.put(key, as_bytes(metadata)).annotate("write " + storage.describe() + "/" + key));
+  CKPTIO_RETURN_IF_ERROR(publish_attempt(storage, paths, metadata, options.overwrite));
+  const std::string parent = parent_of(paths.final_dir);  // publish_attempt synced the root
+  if (!parent.empty()) CKPTIO_RETURN_IF_ERROR(storage.sync(parent + "/").annotate("commit " + paths.final_dir));
+  return Status::OK();
+}
+
+// Drops queued work, waits for running jobs, removes what was written.
+void EformerStepWriter::Impl::discard() {
+  {
+    std::lock_guard lock(mu);
+    if (first_error.ok()) first_error = Status(Code::kCancelled, "step " + paths.final_dir + " aborted");
+    for (const EncodeJob& j : encode_q) pending -= j.raw.size();
+    for (const IoJob& j : io_q) pending -= j.reserved;
+    outstanding -= encode_q.size() + io_q.size();
+    encode_q.clear();
+    io_q.clear();
+    progress_cv.notify_all();
+  }
+  drain();
+  (void)storage.remove_prefix(paths.stage_dir + "/");
+}
+
+// ---- Public -------------------------------------------------------------------
+
+EformerStepWriter::EformerStepWriter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+EformerStepWriter::~EformerStepWriter() {
+  if (!impl_) return;
+  abort();
+  impl_->stop_threads();
+}
+
+const std::string& EformerStepWriter::stage_dir() const { return impl_->paths.stage_dir; }
+
+Result<std::unique_ptr<EformerStepWriter>> EformerStepWriter::start(Storage& storage, std::string final_dir,
+                                                                    int64_t step, EformerWriteOptions options) {
+  CKPTIO_RETURN_IF_ERROR(check_storage_key(final_dir));
+  if (options.separator != '.' && options.separator != '/')
+    return invalid_argument(std::string("dimension separator '") + options.separator + "': '.' or '/'");
+  if (options.compressor.id != CodecId::kZstd && options.compressor.id != CodecId::kNone)
+    return Status(Code::kUnimplemented, "eformer writer: chunks are encoded with zstd or none only");
+  CKPTIO_ASSIGN_OR_RETURN(std::string extra, extra_members(options.extra_metadata_json));
+  AttemptPaths paths = plan_attempt(storage, final_dir);
+  CKPTIO_ASSIGN_OR_RETURN(ListResult there, storage.list(final_dir + "/", true));
+  const bool exists = !there.objects.empty() || !there.prefixes.empty();
+  if (exists && !options.overwrite)
+    return Status(Code::kAlreadyExists, storage.describe() + "/" + final_dir + " already exists (overwrite not set)");
+  if (exists && !paths.renames) {
+    // No atomic replacement on an object store: the old step stops being
+    // one first (its commit markers go), then its objects.
+    CKPTIO_RETURN_IF_ERROR(storage.remove(final_dir + "/" + std::string(kEformerMetadataName)));
+    CKPTIO_RETURN_IF_ERROR(storage.remove(index_key(final_dir)));
+    CKPTIO_RETURN_IF_ERROR(storage.remove_prefix(final_dir + "/"));
+  }
+  auto impl = std::make_unique<Impl>(storage, std::move(paths), step, std::move(options), std::move(extra));
+  impl->start_threads();
+  return std::unique_ptr<EformerStepWriter>(new EformerStepWriter(std::move(impl)));
+}
+
+Result<size_t> EformerStepWriter::add_array(const std::string& prefix, const std::string& path, DType dtype,
+                                            Shape shape, Shape chunks) {
+  const std::string name = prefix.empty() ? path : prefix + "/" + path;
+  if (path.empty() || path.find('/') != std::string::npos || prefix.find('/') != std::string::npos)
+    return invalid_argument("array " + name + ": prefix and path are dotted key paths (no '/'; path not empty)");
+  Impl& s = *impl_;
+  auto z = make_zarray(std::move(shape), std::move(chunks), dtype, s.options.compressor, s.options.separator);
+  if (!z.ok()) return z.status().annotate("array " + name);
+  if (z->num_chunks > kMaxChunksPerArray)
+    return invalid_argument("array " + name + ": " + std::to_string(z->num_chunks) + " chunks (at most 2^32)");
+  auto dir = array_dir_of_key_path(prefix.empty() ? path : prefix + "." + path);
+  if (!dir.ok()) return invalid_argument("array " + name + ": " + dir.status().message());
+  std::lock_guard lock(s.mu);
+  if (s.state != Impl::State::kOpen) return Status(Code::kFailedPrecondition, "add_array after commit or abort");
+  // No array's directory may equal or lie inside another's.
+  auto clash = s.by_dir.lower_bound(*dir);
+  if (clash != s.by_dir.end() && (clash->first == *dir || clash->first.starts_with(*dir + "/")))
+    return invalid_argument("array " + name + ": its directory " + *dir + " holds array " +
+                            s.arrays[clash->second].name() + "'s");
+  for (std::string up = parent_of(*dir); !up.empty(); up = parent_of(up))
+    if (auto it = s.by_dir.find(up); it != s.by_dir.end())
+      return invalid_argument("array " + name + ": its directory " + *dir + " lies inside array " +
+                              s.arrays[it->second].name() + "'s");
+  const size_t id = s.arrays.size();
+  Impl::Array a{prefix, path, *dir, std::move(*z), {}, 0};
+  a.written.assign(a.z.num_chunks, false);
+  const std::string key = s.key_of(a.dir + "/.zarray");
+  const std::string text = serialize_zarray(a.z);
+  s.arrays.push_back(std::move(a));
+  s.by_dir.emplace(*dir, id);
+  ++s.outstanding;
+  s.io_q.push_back(Impl::IoJob{[&s, key, text] {
+                                 return s.storage.put(key, as_bytes(text)).annotate("write " + s.storage.describe() + "/" + key);
+                               },
+                               0});
+  s.io_cv.notify_one();
+  return id;
+}
+
+Status EformerStepWriter::write_box(size_t id, const Box& box, std::span<const std::byte> bytes) {
+  Impl& s = *impl_;
+  ZArray z;  // a copy: add_array may move the arrays meanwhile
+  std::string name, dir;
+  std::vector<std::vector<uint64_t>> chunks;
+  {
+    std::lock_guard lock(s.mu);
+    if (s.state != Impl::State::kOpen) return Status(Code::kFailedPrecondition, "write_box after commit or abort");
+    if (!s.first_error.ok()) return s.first_error;
+    if (id >= s.arrays.size()) return invalid_argument("write_box: no array " + std::to_string(id));
+    Impl::Array& a = s.arrays[id];
+    name = a.name();
+    CKPTIO_RETURN_IF_ERROR(check_box(a.z, name, box, bytes.size()));
+    CKPTIO_ASSIGN_OR_RETURN(ChunkRange range, chunks_overlapping(a.z, box));
+    std::vector<uint64_t> flats;
+    for_each_chunk(range, [&](std::span<const uint64_t> idx) {
+      uint64_t flat = 0;
+      for (size_t d = 0; d < idx.size(); ++d) flat = flat * a.z.grid[d] + idx[d];
+      flats.push_back(flat);
+      chunks.emplace_back(idx.begin(), idx.end());
+    });
+    for (size_t i = 0; i < flats.size(); ++i)
+      if (a.written[flats[i]])
+        return invalid_argument("array " + name + ": chunk " + chunk_key(a.z, chunks[i]) + " was written already");
+    for (uint64_t f : flats) a.written[f] = true;
+    a.written_count += flats.size();
+    z = a.z;
+    dir = a.dir;
+  }
+  const uint64_t reserved = round_up(z.chunk_bytes, kAlign);
+  for (const auto& idx : chunks) {
+    CKPTIO_RETURN_IF_ERROR(s.reserve(reserved));
+    Impl::EncodeJob job{s.key_of(dir + "/" + chunk_key(z, idx)), padded_buffer(z.chunk_bytes), z.chunk_bytes};
+    Status copied = copy_chunk(z, box, bytes, idx, job.raw.data());
+    std::lock_guard lock(s.mu);
+    if (!copied.ok()) {
+      s.pending -= reserved;
+      s.progress_cv.notify_all();
+      return copied.annotate("array " + name);
+    }
+    ++s.outstanding;
+    s.encode_q.push_back(std::move(job));
+    s.encode_cv.notify_one();
+  }
+  return Status::OK();
+}
+
+Status EformerStepWriter::flush() {
+  impl_->drain();
+  return impl_->error();
+}
+
+Status EformerStepWriter::commit() {
+  Impl& s = *impl_;
+  {
+    std::lock_guard lock(s.mu);
+    if (s.state != Impl::State::kOpen) return Status(Code::kFailedPrecondition, "commit after commit or abort");
+    s.state = Impl::State::kCommitting;
+  }
+  s.drain();
+  Status st = s.error();
+  if (st.ok()) st = s.check_coverage();
+  if (st.ok()) st = s.write_index();
+  if (st.ok() && s.paths.renames) st = s.sync_dirs();
+  bool keep = false;
+  if (st.ok()) {
+    auto metadata = s.metadata_text();
+    st = metadata.ok() ? s.publish(*metadata, &keep) : metadata.status();
+  }
+  if (st.ok()) {
+    std::lock_guard lock(s.mu);
+    s.state = Impl::State::kCommitted;
+    return st;
+  }
+  if (!keep) s.discard();
+  std::lock_guard lock(s.mu);
+  s.state = Impl::State::kAborted;
+  return st;
+}
+
+void EformerStepWriter::abort() {
+  Impl& s = *impl_;
+  {
+    std::lock_guard lock(s.mu);
+    if (s.state == Impl::State::kCommitted || s.state == Impl::State::kAborted) return;
+    s.state = Impl::State::kAborted;
+  }
+  s.discard();
+}
+
+}  // namespace ckptio::zarr

@@ -23,6 +23,7 @@
 #include "ckptio/ckptio.h"
 #include "src/transform/cast.h"
 #include "testutil/backend_fixture.h"
+#include "testutil/eformer_steps.h"
 #include "testutil/s3_store.h"
 
 namespace ckptio {
@@ -31,61 +32,7 @@ namespace {
 namespace fs = std::filesystem;
 using testutil::Backend;
 
-// argv[1]: the base directory to write steps into; argv[2]: where to put each
-// leaf's expected bytes, <step>/<prefix>/<leaf path>.raw (C order).
-constexpr const char* kWriteSteps = R"PY(
-import datetime, json, os, sys
-import numpy as np
-import numcodecs, zarr
-from zarr.storage import DirectoryStore
 
-base, expected = sys.argv[1], sys.argv[2]
-
-def write_array(step_dir, path, data, chunks, compressor, sep=".", dtype_name=None):
-    p = os.path.join(step_dir, path)
-    store = DirectoryStore(p, dimension_separator=sep)
-    z = zarr.open_array(store=store, mode="w", shape=data.shape, chunks=chunks, dtype=data.dtype,
-                        compressor=compressor, fill_value=None)
-    z[...] = data
-    meta = json.load(open(os.path.join(p, ".zarray")))
-    if dtype_name:
-        meta["dtype"] = dtype_name
-    meta["dimension_separator"] = sep
-    open(os.path.join(p, ".zarray"), "w").write(json.dumps(meta, sort_keys=True, separators=(",", ":")))
-
-def write_step(step, complete=True):
-    rng = np.random.default_rng(step)
-    step_dir = os.path.join(base, "run-%d" % step)
-    f32 = lambda shape: rng.standard_normal(shape).astype("<f4")
-    kernel32 = f32((64, 48))
-    leaves = {
-        # prefix, ckptio leaf path, zarr dir, data, chunks, compressor, sep, dtype name
-        "model/layers.0.kernel": ("model", "model/layers/0/kernel", (kernel32.view("<u4") >> 16).astype("<u2"),
-                                  (16, 48), numcodecs.Zstd(level=1), ".", "bfloat16"),
-        "model/layers.0.bias": ("model", "model/layers/0/bias", f32((48,)), (48,), numcodecs.Zstd(level=1), ".", None),
-        "model/embed": ("model", "model/embed", f32((50, 30)), (16, 16), numcodecs.Zstd(level=1), "/", None),
-        "tx/mu.kernel": ("tx", "tx/mu/kernel", f32((64, 48)), (32, 24), numcodecs.Blosc(), ".", None),
-        "tx/count": ("tx", "tx/count", np.array(step, dtype="<i4"), (), None, ".", None),
-        "tx/nu": ("tx", "tx/nu", rng.integers(0, 2**16, size=(9, 11), dtype="<u2"), (4, 4), numcodecs.Zlib(level=5),
-                  "/", None),
-    }
-    index = {"format": "tensorstore", "version": "0.0.95", "prefixes": {}}
-    for name, (prefix, path, data, chunks, comp, sep, dtype_name) in leaves.items():
-        write_array(step_dir, path, data, chunks, comp, sep, dtype_name)
-        index["prefixes"].setdefault(prefix, []).append(
-            {"path": path, "shape": list(data.shape), "dtype": dtype_name or str(data.dtype)})
-        out = os.path.join(expected, str(step), name + ".raw")
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        open(out, "wb").write(np.ascontiguousarray(data).tobytes())
-    open(os.path.join(step_dir, "tensorstore_index.json"), "w").write(json.dumps(index, indent=2))
-    if complete:
-        json.dump({"step": step, "timestamp": datetime.datetime(2025, 11, 2, 10, 0, step % 60).isoformat(),
-                   "is_temporary": False}, open(os.path.join(step_dir, "metadata.json"), "w"))
-
-write_step(100)
-write_step(200)
-write_step(300, complete=False)  # a save in progress: no metadata.json yet
-)PY";
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -131,7 +78,7 @@ class EformerStepTest : public testutil::BackendTest {
                                          std::to_string(counter_++));
     fs::remove_all(work_);
     fs::create_directories(work_ / "base");
-    { std::ofstream(work_ / "write.py") << kWriteSteps; }
+    { std::ofstream(work_ / "write.py") << testutil::kWriteEformerSteps; }
     const std::string cmd = "/usr/bin/python3 '" + (work_ / "write.py").string() + "' '" +
                             (work_ / "base").string() + "' '" + (work_ / "expected").string() + "' >'" +
                             (work_ / "log").string() + "' 2>&1";
@@ -323,6 +270,88 @@ TEST_P(EformerStepTest, GcLeavesEformerStepsAloneCompleteOrNot) {
   EXPECT_TRUE((*dirs)[0].committed);
   EXPECT_TRUE((*dirs)[1].committed);
   EXPECT_FALSE((*dirs)[2].committed);  // 300: in progress
+}
+
+// cp --format: eformer -> ckptio -> eformer, bit-exact, each end committed
+// as its layout commits, read back by ckptio (and, on local disk, the last
+// one by zarr-python).
+TEST_P(EformerStepTest, ConvertsToCkptioAndBackBitExact) {
+  CopyOptions to_ckptio;
+  to_ckptio.format = "ckptio";
+  to_ckptio.dst_step_format = "conv-{step}";
+  auto c = copy_step(*base_, *base_, 200, to_ckptio);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  CopyOptions back;
+  back.format = "eformer";
+  back.src_step_format = "conv-{step}";
+  back.dst_step_format = "back-{step}";
+  auto b = copy_step(*base_, *base_, std::nullopt, back);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(b->step, 200);
+
+  for (const char* format : {"conv-{step}", "back-{step}"}) {
+    ManagerOptions o;
+    o.step_format = format;
+    auto m = manager(o);
+    auto index = m->read_index(200);
+    ASSERT_TRUE(index.ok()) << format << ": " << index.status().to_string();
+    EXPECT_EQ(index->layout, std::string(format) == "conv-{step}" ? "ckptio" : "eformer");
+    EXPECT_TRUE(m->verify(200).ok()) << format;
+    auto r = m->restore(200);
+    ASSERT_TRUE(r.ok()) << format << ": " << r.status().to_string();
+    ASSERT_EQ(r->leaves.size(), leaves().size());
+    for (const Tensor& t : r->leaves) {
+      const std::string name = t.prefix + "/" + t.path;
+      EXPECT_EQ(t.dtype, leaves().at(name).dtype) << format << " " << name;
+      EXPECT_TRUE(bytes_of(t.data) == expected(200, name)) << format << " " << name;
+    }
+  }
+  // Once there, a second copy is refused without overwrite, and replaces with it.
+  auto again = copy_step(*base_, *base_, 200, to_ckptio);
+  EXPECT_EQ(again.status().code(), Code::kAlreadyExists) << again.status().to_string();
+  to_ckptio.overwrite = true;
+  EXPECT_TRUE(copy_step(*base_, *base_, 200, to_ckptio).ok());
+
+  if (GetParam() != Backend::kLocal) return;
+  const std::string check = R"PY(
+import sys, numpy as np, zarr
+class Store(zarr.DirectoryStore):
+    def __getitem__(self, key):
+        v = super().__getitem__(key)
+        return v.replace(b'"bfloat16"', b'"<u2"') if key.endswith(".zarray") else v
+step, expected = sys.argv[1], sys.argv[2]
+for path, name in [("model/layers/0/kernel", "model/layers.0.kernel"), ("model/layers/0/bias", "model/layers.0.bias"),
+                   ("model/embed", "model/embed"), ("tx/mu/kernel", "tx/mu.kernel"), ("tx/count", "tx/count"),
+                   ("tx/nu", "tx/nu")]:
+    z = zarr.open_array(store=Store(step + "/" + path), mode="r")
+    if np.ascontiguousarray(z[...]).tobytes() != open(expected + "/200/" + name + ".raw", "rb").read():
+        sys.exit(name + " differs")
+)PY";
+  { std::ofstream(work_ / "check.py") << check; }
+  const std::string cmd = "/usr/bin/python3 '" + (work_ / "check.py").string() + "' '" + (dir_ / "back-200").string() +
+                          "' '" + (work_ / "expected").string() + "' >'" + (work_ / "check.log").string() + "' 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << "zarr-python on what ckptio wrote: " << read_file(work_ / "check.log");
+}
+
+// eformer -> eformer keeps the source's chunk shapes (the device shards).
+TEST_P(EformerStepTest, AConversionKeepsRegularChunkGrids) {
+  CopyOptions o;
+  o.format = "eformer";
+  o.dst_step_format = "copy-{step}";
+  ASSERT_TRUE(copy_step(*base_, *base_, 100, o).ok());
+  auto z = base_->get("copy-100/model/embed/.zarray", 1 << 20);
+  ASSERT_TRUE(z.ok()) << z.status().to_string();
+  EXPECT_NE(z->find("\"chunks\":[16,16]"), std::string::npos) << *z;
+  auto k = base_->get("copy-100/model/layers/0/kernel/.zarray", 1 << 20);
+  ASSERT_TRUE(k.ok());
+  EXPECT_NE(k->find("\"chunks\":[16,48]"), std::string::npos) << *k;
+  EXPECT_NE(k->find("\"dtype\":\"bfloat16\""), std::string::npos) << *k;
+  ManagerOptions mo;
+  mo.step_format = "copy-{step}";
+  auto r = manager(mo)->restore(100);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  for (const Tensor& t : r->leaves)
+    EXPECT_TRUE(bytes_of(t.data) == expected(100, t.prefix + "/" + t.path)) << t.path;
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, EformerStepTest, testutil::all_backends(), testutil::backend_name);

@@ -58,6 +58,13 @@ struct CopyStats {
 };
 
 struct CopyOptions {
+  // The destination's layout: "" (the source's), "ckptio" or "eformer"
+  // (zarr v2 as eformer / TensorStore write it, docs/format.md section 7).
+  // A copy into another layout decodes and encodes every leaf
+  // (src/copy/convert.h); values stay bit-exact.
+  std::string format;
+  // zstd level of the chunks a copy into the eformer layout writes.
+  int zstd_level = 1;
   // Step directory names at each end (ManagerOptions::step_format).
   std::string src_step_format = "run-{step}";
   std::string dst_step_format = "run-{step}";

@@ -16,7 +16,9 @@
 
 #include "src/util/callback.h"
 #include "src/save/commit.h"
+#include "src/copy/convert.h"
 #include "src/copy/copy.h"
+#include "src/layout/zarr/eformer_step.h"
 #include "src/layout/layout.h"
 
 namespace ckptio {
@@ -64,6 +66,9 @@ Result<std::vector<int64_t>> steps_with_index(Storage& storage, const StepNaming
     auto st = storage.stat(index_key(d.name));
     if (st.ok()) steps.push_back(d.step);
     else if (st.status().code() != Code::kNotFound) return st.status();
+    if (st.ok()) continue;
+    auto eformer = zarr::load_eformer_step(storage, d.name, d.step);  // complete eformer steps count too
+    if (eformer.ok() && eformer->has_value()) steps.push_back(d.step);
   }
   return steps;
 }
@@ -79,6 +84,14 @@ Result<SourceStep> read_source(Storage& src, const StepNaming& naming, int64_t s
   s.dir = naming.name(step);
   const std::string key = index_key(s.dir);
   auto text = src.get(key, IndexLimits{}.max_bytes);
+  if (!text.ok() && text.status().code() == Code::kNotFound) {  // a step eformer wrote?
+    auto eformer = zarr::load_eformer_step(src, s.dir, step);
+    if (eformer.ok() && eformer->has_value()) {
+      s.index = std::move(**eformer);
+      return s;
+    }
+    if (!eformer.ok() && eformer.status().code() != Code::kNotFound) return eformer.status();
+  }
   if (!text.ok()) {
     if (text.status().code() == Code::kNotFound)
       return not_found("step " + std::to_string(step) + " is not committed at " + src.describe() +
@@ -184,7 +197,12 @@ Result<CopyStats> copy_one(Storage& src, Storage& dst, const Namings& names, int
   CKPTIO_ASSIGN_OR_RETURN(DestinationState d, inspect_destination(dst, dir, s.index));
   CopyStats stats;
   stats.step = step;
-  if (d.what == AtDestination::kIdentical && o.skip_identical) {
+  const std::string layout = o.format.empty() ? s.index.layout : o.format;
+  if (layout != "ckptio" || s.index.layout != "ckptio") {  // decode and encode (convert.h)
+    if (layout == "ckptio" && d.what != AtDestination::kAbsent && !o.overwrite)
+      return Status(Code::kAlreadyExists, already_there(dst, dir, step, d) + " (pass overwrite to replace it)");
+    CKPTIO_ASSIGN_OR_RETURN(stats, convert_step(src, s.dir, s.index, dst, dir, layout, o));
+  } else if (d.what == AtDestination::kIdentical && o.skip_identical) {
     stats.skipped = true;
   } else if (d.what != AtDestination::kAbsent && !o.overwrite) {
     return Status(Code::kAlreadyExists, already_there(dst, dir, step, d) + " (pass overwrite to replace it)");
@@ -205,8 +223,18 @@ std::string join_steps(const std::vector<int64_t>& steps) {
   return s;
 }
 
+Status check_format(const CopyOptions& o) {
+  if (o.format.empty() || o.format == "ckptio" || o.format == zarr::kEformerLayout) {
+    if (o.zstd_level < -7 || o.zstd_level > 22)
+      return invalid_argument("copy: zstd level " + std::to_string(o.zstd_level) + " is outside [-7, 22]");
+    return Status::OK();
+  }
+  return invalid_argument("copy: unknown format \"" + o.format + "\" (ckptio or eformer)");
+}
+
 Result<CopyStats> copy_step_impl(Storage& src, Storage& dst, std::optional<int64_t> step,
                                  const CopyOptions& o) {
+  CKPTIO_RETURN_IF_ERROR(check_format(o));
   CKPTIO_ASSIGN_OR_RETURN(Namings names, make_namings(o));
   uint64_t chunk = 0, memory = 0;
   CKPTIO_RETURN_IF_ERROR(plan_buffers(dst, o, &chunk, &memory));
@@ -226,6 +254,7 @@ Result<CopyStats> copy_step_impl(Storage& src, Storage& dst, std::optional<int64
 Result<std::vector<CopyStats>> copy_all_impl(Storage& src, Storage& dst, const CopyOptions& options) {
   CopyOptions o = options;
   o.skip_identical = true;
+  CKPTIO_RETURN_IF_ERROR(check_format(o));
   CKPTIO_ASSIGN_OR_RETURN(Namings names, make_namings(o));
   uint64_t chunk = 0, memory = 0;
   CKPTIO_RETURN_IF_ERROR(plan_buffers(dst, o, &chunk, &memory));

@@ -19,6 +19,8 @@ struct CpOptions {
   bool all = false;
   bool overwrite = false;
   std::string memory;  // SIZE; "" = the library default
+  std::string format;  // "" = the source's layout
+  int zstd_level = 1;
   bool json = false;
 };
 
@@ -57,6 +59,8 @@ int run_cp(const GlobalOptions& g, const CpOptions& o) {
   CopyOptions co;
   co.src_step_format = co.dst_step_format = g.step_format;
   co.overwrite = o.overwrite;
+  co.format = o.format;
+  co.zstd_level = o.zstd_level;
   if (!g.chunk_size.empty()) co.chunk_size = size_arg(g.chunk_size, "--chunk-size");
   if (!o.memory.empty()) {
     co.max_memory = size_arg(o.memory, "--memory");
@@ -142,6 +146,11 @@ void add_cp(CLI::App& app, const GlobalOptions& g, Command* run) {
   sub->add_option("--memory", o->memory,
                   "SIZE bound on the copy's buffers (default 256MiB; must hold two chunks, "
                   "--chunk-size rounded up to DST's write unit, e.g. the S3 part size)");
+  sub->add_option("--format", o->format,
+                  "Layout at DST: ckptio, or eformer (zarr v2 as eformer / TensorStore write it); "
+                  "default: the source's. Another layout decodes and re-encodes every leaf, bit-exact")
+      ->check(CLI::IsMember({"ckptio", "eformer"}));
+  sub->add_option("--zstd-level", o->zstd_level, "zstd level of the chunks --format eformer writes (default 1)");
   sub->add_flag("--json", o->json,
                 "Print {src, dst, ok, steps: [{step, skipped, bytes, files, shards, seconds, "
                 "gbps}], copied, skipped, bytes, seconds, gbps, error}");

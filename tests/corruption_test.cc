@@ -55,14 +55,9 @@ std::vector<OwnedLeaf> sample_state(uint64_t seed) {
 // base_, faults_ over it, dir_ for the local backend: testutil/backend_fixture.h.
 // Moto and Ceph: the run's S3 test server (testutil/s3_store.h); without one
 // the tests skip, or fail in CI.
-class CorruptionTest : public testutil::BackendTest {
+class CorruptionTest : public testutil::S3BackendTest {
  protected:
-  CorruptionTest() : BackendTest("ckptio-corrupt-") {}
-  Result<std::shared_ptr<Storage>> open_remote(Backend) override {
-    auto s = testutil::open_s3_test_store();
-    if (!s.ok()) return s.status();
-    return std::shared_ptr<Storage>(*s);
-  }
+  CorruptionTest() : S3BackendTest("ckptio-corrupt-") {}
   void SetUp() override {
     BackendTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;

@@ -58,14 +58,9 @@ const std::map<std::string, LeafInfo>& leaves() {
   return m;
 }
 
-class EformerStepTest : public testutil::BackendTest {
+class EformerStepTest : public testutil::S3BackendTest {
  protected:
-  EformerStepTest() : BackendTest("ckptio-eformer-") {}
-  Result<std::shared_ptr<Storage>> open_remote(Backend) override {
-    auto s = testutil::open_s3_test_store();
-    if (!s.ok()) return s.status();
-    return std::shared_ptr<Storage>(*s);
-  }
+  EformerStepTest() : S3BackendTest("ckptio-eformer-") {}
   void SetUp() override {
     BackendTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;

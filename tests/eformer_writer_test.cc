@@ -115,14 +115,9 @@ Data make_data(uint64_t seed) {
   return d;
 }
 
-class EformerWriterTest : public testutil::BackendTest {
+class EformerWriterTest : public testutil::S3BackendTest {
  protected:
-  EformerWriterTest() : BackendTest("ckptio-ewriter-") {}
-  Result<std::shared_ptr<Storage>> open_remote(Backend) override {
-    auto s = testutil::open_s3_test_store();
-    if (!s.ok()) return s.status();
-    return std::shared_ptr<Storage>(*s);
-  }
+  EformerWriterTest() : S3BackendTest("ckptio-ewriter-") {}
 
   // Declares every leaf; returns their ids in leaves() order.
   static std::vector<size_t> declare(EformerStepWriter& w) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "backends/s3/s3_storage.h"
+#include "testutil/backend_fixture.h"
 #include "testutil/s3_server.h"
 
 namespace ckptio::testutil {
@@ -40,5 +41,17 @@ inline Result<std::shared_ptr<s3::S3Storage>> open_s3_test_store(
   return s3::make_s3_storage("s3://" + look.server->bucket + "/" + prefix,
                              config ? *config : s3_test_config(*look.server));
 }
+
+// The backend fixture (backend_fixture.h) whose Moto and Ceph cases open the
+// run's S3 test server through open_s3_test_store (a fresh prefix each).
+class S3BackendTest : public BackendTest {
+ protected:
+  using BackendTest::BackendTest;
+  Result<std::shared_ptr<Storage>> open_remote(Backend) override {
+    auto s = open_s3_test_store();
+    if (!s.ok()) return s.status();
+    return std::shared_ptr<Storage>(*s);
+  }
+};
 
 }  // namespace ckptio::testutil

@@ -33,22 +33,37 @@ constexpr uint64_t kDefaultMaxMemory = 256ull << 20;
 constexpr size_t kWriteBuffers = 4;
 
 // Restores the leaves of `index` whole, in groups of at most `max_memory`
-// bytes (a larger leaf alone), and hands each group to f.
+// bytes (a larger leaf alone), and hands each group to f. The groups land
+// in one arena, reused (RestoreOptions::into): fresh memory for every group
+// cost a page fault per 4 KiB of the step, a quarter of a conversion's time.
+// A group's tensors are valid until f returns.
 Status for_each_group(Storage& src, const std::string& src_dir, const Index& index, uint64_t max_memory,
                       const GroupFn& f) {
   Index copy = index;  // restore_whole moves names out of the records it restores
   Selected all;
+  uint64_t total = 0;
   for (PrefixRecord& p : copy.prefixes)
-    for (LeafRecord& l : p.leaves) all.emplace_back(p.name, &l);
+    for (LeafRecord& l : p.leaves) {
+      all.emplace_back(p.name, &l);
+      total += l.num_bytes();
+    }
+  // Leaves start 64-byte aligned in it; a leaf larger than the arena is restored alone into memory of its own.
+  Buffer arena = Buffer::allocate(std::min(max_memory, total + 64 * all.size()), 4096);
   for (size_t i = 0; i < all.size();) {
     size_t j = i;
     uint64_t bytes = 0;
-    while (j < all.size() && (j == i || bytes + all[j].second->num_bytes() <= max_memory))
-      bytes += all[j++].second->num_bytes();
+    RestoreOptions ro;
+    for (; j < all.size(); ++j) {
+      const uint64_t n = all[j].second->num_bytes();
+      const uint64_t at = (bytes + 63) / 64 * 64;
+      if (j > i && at + n > max_memory) break;
+      if (at + n <= arena.size())
+        ro.into.push_back({all[j].first, all[j].second->path, arena.data() + at, n});
+      bytes = at + n;
+    }
     const Selected group(all.begin() + static_cast<std::ptrdiff_t>(i), all.begin() + static_cast<std::ptrdiff_t>(j));
     RestoredState out;
     out.step = index.step;
-    const RestoreOptions ro;
     CKPTIO_RETURN_IF_ERROR(index.layout == zarr::kEformerLayout
                                ? restore_zarr(src, src_dir, index.step, group, ro, &out)
                                : restore_whole(src, src_dir, copy, group, ro, &out));

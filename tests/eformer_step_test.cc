@@ -349,6 +349,65 @@ TEST_P(EformerStepTest, AConversionKeepsRegularChunkGrids) {
     EXPECT_TRUE(bytes_of(t.data) == expected(100, t.prefix + "/" + t.path)) << t.path;
 }
 
+// ManagerOptions::layout "eformer": saves write eformer's layout (shards as
+// chunks), in copy and borrow mode, and restore back bit-exact.
+TEST_P(EformerStepTest, SavesInTheEformerLayout) {
+  for (StagingMode mode : {StagingMode::kCopy, StagingMode::kBorrow}) {
+    ManagerOptions o;
+    o.layout = "eformer";
+    o.staging = mode;
+    o.step_format = mode == StagingMode::kCopy ? "copy-{step}" : "borrow-{step}";
+    auto m = manager(o);
+    // A [6, 8] float32 leaf as four [3, 4] shards, a scalar, a whole [5] int16 leaf.
+    std::vector<float> w(48);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.5f - 3;
+    std::vector<std::vector<float>> quarters(4, std::vector<float>(12));
+    for (int q = 0; q < 4; ++q)
+      for (int r = 0; r < 3; ++r)
+        for (int c = 0; c < 4; ++c) quarters[q][r * 4 + c] = w[((q / 2) * 3 + r) * 8 + (q % 2) * 4 + c];
+    LeafView sharded{"model", "dense.kernel", DType::kFloat32, {6, 8}, {}};
+    for (int q = 0; q < 4; ++q)
+      sharded.shards.push_back(ShardView{Box{{(q / 2) * 3, (q % 2) * 4}, {(q / 2) * 3 + 3, (q % 2) * 4 + 4}},
+                                         quarters[q].data()});
+    const int32_t count = 17;
+    const std::vector<int16_t> bias = {1, -2, 3, -4, 5};
+    std::vector<LeafView> state = {sharded,
+                                   LeafView::full("tx", "count", DType::kInt32, {}, &count),
+                                   LeafView::full("model", "dense.bias", DType::kInt16, {5}, bias.data())};
+    SaveOptions so;
+    so.metadata_json = R"({"epoch": 3})";
+    auto h = m->save(7, state, so);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+    auto index = m->read_index(7);
+    ASSERT_TRUE(index.ok()) << index.status().to_string();
+    EXPECT_EQ(index->layout, "eformer");
+    EXPECT_NE(index->metadata_json.find("\"epoch\": 3"), std::string::npos) << index->metadata_json;
+    const std::string dir = mode == StagingMode::kCopy ? "copy-7" : "borrow-7";
+    auto z = base_->get(dir + "/model/dense/kernel/.zarray", 1 << 20);
+    ASSERT_TRUE(z.ok()) << z.status().to_string();
+    EXPECT_NE(z->find("\"chunks\":[3,4]"), std::string::npos) << *z;  // one chunk per shard, as TensorStore
+    EXPECT_TRUE(m->verify(7).ok());
+    auto r = m->restore(7);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_EQ(r->leaves.size(), 3u);
+    for (const Tensor& t : r->leaves) {
+      const std::string name = t.prefix + "/" + t.path;
+      if (name == "model/dense.kernel") EXPECT_EQ(std::memcmp(t.data.data(), w.data(), 48 * 4), 0) << name;
+      else if (name == "tx/count") EXPECT_EQ(std::memcmp(t.data.data(), &count, 4), 0) << name;
+      else EXPECT_EQ(std::memcmp(t.data.data(), bias.data(), 10), 0) << name;
+    }
+    // A second save of the step is refused; overwrite replaces it.
+    auto again = m->save(7, state);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->wait().code(), Code::kAlreadyExists) << again->wait().to_string();
+    so.overwrite = true;
+    auto over = m->save(7, state, so);
+    ASSERT_TRUE(over.ok());
+    EXPECT_TRUE(over->wait().ok()) << over->wait().to_string();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, EformerStepTest, testutil::all_backends(), testutil::backend_name);
 
 }  // namespace

@@ -138,6 +138,13 @@ struct ManagerOptions {
   // Step directory name; "{step}" is replaced by the decimal step number.
   // "run-{step}" is eformer's naming, "{step}" Orbax's.
   std::string step_format = "run-{step}";
+  // The layout saves write: "ckptio" (docs/format.md), or "eformer": zarr v2
+  // as eformer / TensorStore write it (format.md section 7), for steps that
+  // eformer, TensorStore and zarr-python must read. An eformer save stores
+  // each leaf's shards as its chunks (zstd level 1) and commits with
+  // metadata.json last; it has no checksums, row bands or multi-process
+  // saves (kUnimplemented). Restores read both layouts whatever this says.
+  std::string layout = "ckptio";
   StagingMode staging = StagingMode::kCopy;
   // Upper bound on staging memory (copy mode's pool, borrow mode's bounce
   // buffers). Peak extra memory of a save stays within it. The pool is kept

@@ -59,6 +59,11 @@ struct CheckpointManager::Impl {
                                             const SaveOptions& options, const std::string& final_dir);
   void worker_loop();
   void run_job(SaveJob& job);
+  // ManagerOptions::layout "eformer" (src/save/eformer_save.cc): the job
+  // (copy mode: every shard copied now), and its run on the worker.
+  Result<std::shared_ptr<SaveJob>> make_eformer_job(int64_t step, std::vector<LeafView>&& state,
+                                                    const SaveOptions& options, const std::string& final_dir);
+  void run_eformer_job(SaveJob& job);
   // After the commit (or its failure): the callbacks, the handle, retention,
   // and the job's slot.
   void finish_job(SaveJob& job, const Status& st, const SaveStats& stats);

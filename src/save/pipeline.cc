@@ -139,6 +139,10 @@ void CheckpointManager::Impl::worker_loop() {
 }
 
 void CheckpointManager::Impl::run_job(SaveJob& job) {
+  if (job.eformer) {
+    run_eformer_job(job);
+    return;
+  }
   Storage& storage = owner->storage();
   SaveStats stats;
   stats.bytes = job.plan.bytes();

@@ -35,6 +35,7 @@ struct SaveJob {
   AttemptPaths paths;
   std::vector<std::string> data_files;  // this process's data files in the step (plan.files)
   bool group = false;     // a multi-process save (ManagerOptions::processes)
+  bool eformer = false;   // ManagerOptions::layout "eformer": src/save/eformer_save.cc
   SavePlan plan;
   std::vector<WriteRange> ranges;  // the data files' write requests, in order
   uint64_t chunk = 0;

@@ -17,6 +17,9 @@
 #include "src/save/save_job.h"
 #include "src/save/save_plan.h"
 #include "src/save/stage.h"
+#include <cstring>
+
+#include "src/layout/zarr/eformer_step.h"
 #include "src/save/validate.h"
 #include "src/transform/cast.h"
 #include "src/util/clock.h"
@@ -76,7 +79,8 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
   };
 
   const std::string final_dir = naming.name(step);
-  if (!options.overwrite) {
+  const bool eformer = owner->options().layout == zarr::kEformerLayout;
+  if (!options.overwrite && !eformer) {  // (the eformer writer refuses an existing step itself)
     Storage& storage = owner->storage();
     auto st = storage.stat(index_key(final_dir));
     if (st.ok()) {
@@ -86,7 +90,8 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
                                               " (pass overwrite to replace it)");
     }
   }
-  auto planned = make_job(step, std::move(state), options, final_dir);
+  auto planned = eformer ? make_eformer_job(step, std::move(state), options, final_dir)
+                         : make_job(step, std::move(state), options, final_dir);
   if (!planned.ok()) {
     release_slot();
     return planned.status();
@@ -102,7 +107,9 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
   }
   cv.notify_all();
 
-  if (job->copy_mode) {
+  if (job->copy_mode && job->eformer) {
+    job->handle->set_released();  // make_eformer_job copied every shard
+  } else if (job->copy_mode) {
     // Copy on the caller's thread and the crew; each chunk goes to the worker
     // as soon as it is full. Blocks only while every pool buffer is in use.
     // Checksums are computed here, block by block as each is copied (see
@@ -163,6 +170,47 @@ Result<std::shared_ptr<SaveJob>> CheckpointManager::Impl::make_job(int64_t step,
     job->data_files.push_back(multi ? group_data_file(job->paths.attempt, group.index, f)
                                     : data_file_name(job->paths.attempt, static_cast<int>(f)));
   if (job->copy_mode) job->chunks.resize(job->ranges.size());  // before the worker sees the job
+  return job;
+}
+
+// An eformer save (ManagerOptions::layout): no data file plan; the worker
+// hands each shard to the eformer writer (src/save/eformer_save.cc). Copy
+// mode copies every shard now, so that save() returns with the caller's
+// memory free; borrow mode keeps the views until the writer has read them.
+Result<std::shared_ptr<SaveJob>> CheckpointManager::Impl::make_eformer_job(int64_t step,
+                                                                           std::vector<LeafView>&& state,
+                                                                           const SaveOptions& options,
+                                                                           const std::string& final_dir) {
+  if (owner->options().processes.count > 1)
+    return Status(Code::kUnimplemented, "multi-process saves in the eformer layout are not supported yet "
+                                        "(ManagerOptions::layout \"eformer\"; save in \"ckptio\" and "
+                                        "convert with `ckptio cp --format eformer`)");
+  auto job = std::make_shared<SaveJob>();
+  job->eformer = true;
+  job->step = step;
+  job->leaves = std::move(state);
+  job->options = options;
+  job->copy_mode = owner->options().staging == StagingMode::kCopy;
+  job->handle = std::make_shared<SaveHandle::State>();
+  job->handle->pid = owner->made_by_pid_;
+  job->handle->step = step;
+  job->paths.final_dir = final_dir;
+  job->paths.attempt = new_attempt_id();
+  if (options.float_dtype) CKPTIO_RETURN_IF_ERROR(cast_floats(*job, *options.float_dtype));
+  uint64_t total = 0;
+  for (LeafView& leaf : job->leaves) {
+    const size_t item = dtype_size(leaf.dtype);
+    for (ShardView& sh : leaf.shards) {
+      const uint64_t n = checked_num_bytes(sh.box, item).value_or(0);
+      total += n;
+      if (!job->copy_mode) continue;
+      Buffer b = Buffer::allocate(std::max<uint64_t>(n, 1));
+      std::memcpy(b.data(), sh.data, n);
+      sh.data = b.data();
+      job->owned.push_back(std::move(b));
+    }
+  }
+  job->handle->total.store(total, std::memory_order_release);
   return job;
 }
 

@@ -1,0 +1,98 @@
+// A save in eformer's layout (ManagerOptions::layout "eformer") on the
+// worker: each leaf becomes a zarr array whose chunks are its shards' shape
+// when they form a regular grid (TensorStore's: one chunk per device shard),
+// else the whole leaf; each shard goes to the eformer writer
+// (src/layout/zarr/eformer_writer.h), which encodes and writes its chunks
+// and commits the step (POSIX: a temporary directory renamed; object
+// stores: metadata.json last). Borrow mode releases the caller's buffers
+// once the writer has read every shard, before the commit; copy mode
+// released them when save() returned (make_eformer_job copied them).
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "src/layout/zarr/eformer_writer.h"
+#include "src/manager/manager_impl.h"
+#include "src/save/save_job.h"
+
+namespace ckptio {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The chunk shape of a leaf saved from `shards`: theirs when every shard has
+// the first one's extent (cut by the shape at the far edges) and starts on a
+// multiple of it; else the whole leaf.
+Shape chunk_shape(const LeafView& leaf) {
+  if (leaf.shape.empty() || leaf.shards.empty()) return leaf.shape;
+  const Shape first = leaf.shards.front().box.extent();
+  for (const ShardView& s : leaf.shards)
+    for (size_t d = 0; d < leaf.shape.size(); ++d) {
+      if (first[d] <= 0 || s.box.start[d] % first[d] != 0) return leaf.shape;
+      if (s.box.stop[d] - s.box.start[d] != std::min(first[d], leaf.shape[d] - s.box.start[d])) return leaf.shape;
+    }
+  return first;
+}
+
+// The metadata.json members a save adds: the caller's metadata object,
+// without the writer's own "step", "timestamp" and "is_temporary".
+Result<std::string> extra_metadata(const std::string& json) {
+  if (json.empty()) return std::string("{}");
+  for (const char* own : {"\"step\"", "\"timestamp\"", "\"is_temporary\""})
+    if (json.find(own) != std::string::npos)
+      return invalid_argument(std::string("an eformer save writes ") + own +
+                              " in metadata.json itself: leave it out of SaveOptions::metadata_json");
+  return json;
+}
+
+}  // namespace
+
+void CheckpointManager::Impl::run_eformer_job(SaveJob& job) {
+  Storage& storage = owner->storage();
+  SaveStats stats;
+  stats.bytes = job.handle->total.load(std::memory_order_acquire);
+  const auto t0 = Clock::now();
+  auto release = [&] {
+    if (!job.copy_mode) job.handle->set_released();
+  };
+  Status st = [&]() -> Status {
+    zarr::EformerWriteOptions wo;
+    wo.overwrite = job.options.overwrite;
+    CKPTIO_ASSIGN_OR_RETURN(wo.extra_metadata_json, extra_metadata(job.options.metadata_json));
+    CKPTIO_ASSIGN_OR_RETURN(auto writer, zarr::EformerStepWriter::start(storage, job.paths.final_dir, job.step, wo));
+    std::vector<size_t> ids;
+    for (const LeafView& leaf : job.leaves) {
+      CKPTIO_ASSIGN_OR_RETURN(size_t id, writer->add_array(leaf.prefix, leaf.path, leaf.dtype, leaf.shape,
+                                                           chunk_shape(leaf)));
+      ids.push_back(id);
+    }
+    for (size_t i = 0; i < job.leaves.size(); ++i) {
+      const LeafView& leaf = job.leaves[i];
+      const size_t item = dtype_size(leaf.dtype);
+      for (const ShardView& s : leaf.shards) {
+        const uint64_t n = checked_num_bytes(s.box, item).value_or(0);
+        Status w = writer->write_box(ids[i], s.box, {static_cast<const std::byte*>(s.data), n});
+        if (!w.ok()) return w.annotate(leaf.prefix + "/" + leaf.path);
+      }
+    }
+    release();  // the writer has read every shard
+    stats.write_seconds = since(t0);
+    const auto t1 = Clock::now();
+    Status c = writer->commit();
+    stats.commit_seconds = since(t1);
+    return c;
+  }();
+  release();
+  if (!st.ok()) {
+    st = st.annotate("save step " + std::to_string(job.step) + " (eformer layout)");
+    spdlog::error("ckptio: {}", st.to_string());
+  }
+  stats.stall_seconds = job.stall_seconds;
+  stats.total_seconds = std::chrono::duration<double>(Clock::now() - job.started).count();
+  job.owned.clear();
+  finish_job(job, st, stats);
+}
+
+}  // namespace ckptio

@@ -283,6 +283,8 @@ class CheckpointManager:
       staging                   "copy" (save() copies, then returns) or "borrow" (no copy:
                                 keep the arrays unchanged until handle.released())
       staging_budget, chunk_size, max_in_flight, step_format ("run-{step}"), strict
+      layout                    "ckptio", or "eformer": saves write zarr v2 as eformer /
+                                TensorStore do (docs/format.md section 7); restores read both
       on_commit                 fn(CommitEvent), once per save, with the GIL, on the
                                 manager's callbacks' thread
       processes                 dict(index=, count=, run_id=, timeout_seconds=) for a save by
@@ -306,12 +308,14 @@ class CheckpointManager:
                  s3_max_connections=None, s3_addressing=None, s3_anonymous=None, s3_max_attempts=None,
                  s3_timeout=None, s3_payload_signing=None, s3_sse=None, s3_sse_kms_key_id=None,
                  s3_storage_class=None, s3_access_key_id=None, s3_secret_access_key=None,
-                 s3_session_token=None, barrier=None):
+                 s3_session_token=None, barrier=None, layout="ckptio"):
         if staging not in ("copy", "borrow"):
             raise errors.InvalidArgument(f'staging must be "copy" or "borrow", not {staging!r}')
         if on_commit is not None and not callable(on_commit):
             raise errors.InvalidArgument("on_commit must be callable")
-        manager = {"step_format": step_format, "staging": staging, "strict": bool(strict)}
+        if layout not in ("ckptio", "eformer"):
+            raise errors.InvalidArgument(f'layout must be "ckptio" or "eformer", not {layout!r}')
+        manager = {"step_format": step_format, "staging": staging, "strict": bool(strict), "layout": layout}
         _opt(manager, "max_to_keep", max_to_keep)
         _opt(manager, "keep_every", keep_every)
         _opt(manager, "staging_budget", staging_budget)

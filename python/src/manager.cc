@@ -61,6 +61,7 @@ namespace {
 ManagerOptions manager_options(py::dict d) {
   ManagerOptions o;
   take(d, "step_format", o.step_format);
+  take(d, "layout", o.layout);
   std::string staging = "copy";
   take(d, "staging", staging);
   if (staging == "copy") o.staging = StagingMode::kCopy;

@@ -73,3 +73,26 @@ def test_restore_latest_eformer_step_whole_and_sharded(tmp_path):
     assert len(shards.shards) == 1
     np.testing.assert_array_equal(np.asarray(shards.shards[0].data), mu[16:32, 8:16])
     mgr.close()
+
+
+def test_save_in_eformer_layout_reads_back_and_in_zarr_python(tmp_path):
+    base = str(tmp_path / "ckpt")
+    rng = np.random.default_rng(29)
+    state = {"model": {"dense": {"kernel": rng.standard_normal((8, 4)).astype(np.float32),
+                                 "bias": np.arange(4, dtype=np.int32)}},
+             "tx": {"step": 11}}
+    with ckptio.CheckpointManager(base, layout="eformer") as mgr:
+        mgr.save(3, state, metadata={"epoch": 1}).wait()
+        tree, info = mgr.restore(info=True)
+    assert info.step == 3 and info.metadata["epoch"] == 1
+    np.testing.assert_array_equal(tree["model"]["dense"]["kernel"], state["model"]["dense"]["kernel"])
+    np.testing.assert_array_equal(tree["model"]["dense"]["bias"], state["model"]["dense"]["bias"])
+    assert tree["tx"]["step"] == 11
+    # What eformer / zarr-python see: an index, metadata.json, one zarr array per leaf.
+    step_dir = os.path.join(base, "run-3")
+    index = json.load(open(os.path.join(step_dir, "tensorstore_index.json")))
+    paths = {a["path"] for arrays in index["prefixes"].values() for a in arrays}
+    assert "model/dense/kernel" in paths
+    assert json.load(open(os.path.join(step_dir, "metadata.json")))["step"] == 3
+    z = zarr.open_array(os.path.join(step_dir, "model", "dense", "kernel"), mode="r")
+    np.testing.assert_array_equal(z[...], state["model"]["dense"]["kernel"])

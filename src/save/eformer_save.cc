@@ -7,6 +7,7 @@
 // stores: metadata.json last). Borrow mode releases the caller's buffers
 // once the writer has read every shard, before the commit; copy mode
 // released them when save() returned (make_eformer_job copied them).
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -40,10 +41,16 @@ Shape chunk_shape(const LeafView& leaf) {
 // without the writer's own "step", "timestamp" and "is_temporary".
 Result<std::string> extra_metadata(const std::string& json) {
   if (json.empty()) return std::string("{}");
-  for (const char* own : {"\"step\"", "\"timestamp\"", "\"is_temporary\""})
-    if (json.find(own) != std::string::npos)
-      return invalid_argument(std::string("an eformer save writes ") + own +
-                              " in metadata.json itself: leave it out of SaveOptions::metadata_json");
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(json);  // save() checked it is an object
+  } catch (const std::exception& e) {
+    return invalid_argument(std::string("SaveOptions::metadata_json: ") + e.what());
+  }
+  for (const char* own : {"step", "timestamp", "is_temporary"})
+    if (j.contains(own))
+      return invalid_argument(std::string("an eformer save writes \"") + own +
+                              "\" in metadata.json itself: leave it out of SaveOptions::metadata_json");
   return json;
 }
 

@@ -13,6 +13,7 @@
 
 #include "src/copy/copy.h"
 #include "src/layout/layout.h"
+#include "src/layout/zarr/chunk_grid.h"
 #include "src/layout/zarr/eformer_step.h"
 #include "src/layout/zarr/eformer_writer.h"
 #include "src/restore/restore_whole.h"
@@ -226,21 +227,6 @@ Result<CopyStats> to_ckptio(Storage& src, const std::string& src_dir, const Inde
   return stats;
 }
 
-// The chunk shape of a leaf: its saved shards' shape when they form a
-// regular grid (every shard starts on a multiple of it, and is of it, cut
-// by the shape at the edges), else the whole leaf.
-Shape chunk_shape_of(const LeafRecord& leaf) {
-  if (leaf.shape.empty() || leaf.shards.empty()) return leaf.shape;
-  const Shape first = leaf.shards.front().box.extent();
-  for (const ShardRecord& s : leaf.shards)
-    for (size_t d = 0; d < leaf.shape.size(); ++d) {
-      if (first[d] <= 0 || s.box.start[d] % first[d] != 0) return leaf.shape;
-      const int64_t want = std::min(first[d], leaf.shape[d] - s.box.start[d]);
-      if (s.box.stop[d] - s.box.start[d] != want) return leaf.shape;
-    }
-  return first;
-}
-
 // ckptio -> eformer.
 Result<CopyStats> to_eformer(Storage& src, const std::string& src_dir, const Index& index, Storage& dst,
                              const std::string& dst_dir, const CopyOptions& o) {
@@ -256,7 +242,7 @@ Result<CopyStats> to_eformer(Storage& src, const std::string& src_dir, const Ind
   std::map<std::pair<std::string, std::string>, size_t> ids;
   for (const PrefixRecord& p : index.prefixes)
     for (const LeafRecord& l : p.leaves) {
-      CKPTIO_ASSIGN_OR_RETURN(size_t id, writer->add_array(p.name, l.path, l.dtype, l.shape, chunk_shape_of(l)));
+      CKPTIO_ASSIGN_OR_RETURN(size_t id, writer->add_array(p.name, l.path, l.dtype, l.shape, zarr::regular_chunk_shape(l.shape, l.shards)));
       ids[{p.name, l.path}] = id;
     }
   uint64_t done = 0;

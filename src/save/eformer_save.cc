@@ -12,6 +12,7 @@
 
 #include <chrono>
 
+#include "src/layout/zarr/chunk_grid.h"
 #include "src/layout/zarr/eformer_writer.h"
 #include "src/manager/manager_impl.h"
 #include "src/save/save_job.h"
@@ -22,20 +23,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// The chunk shape of a leaf saved from `shards`: theirs when every shard has
-// the first one's extent (cut by the shape at the far edges) and starts on a
-// multiple of it; else the whole leaf.
-Shape chunk_shape(const LeafView& leaf) {
-  if (leaf.shape.empty() || leaf.shards.empty()) return leaf.shape;
-  const Shape first = leaf.shards.front().box.extent();
-  for (const ShardView& s : leaf.shards)
-    for (size_t d = 0; d < leaf.shape.size(); ++d) {
-      if (first[d] <= 0 || s.box.start[d] % first[d] != 0) return leaf.shape;
-      if (s.box.stop[d] - s.box.start[d] != std::min(first[d], leaf.shape[d] - s.box.start[d])) return leaf.shape;
-    }
-  return first;
-}
 
 // The metadata.json members a save adds: the caller's metadata object,
 // without the writer's own "step", "timestamp" and "is_temporary".
@@ -72,7 +59,7 @@ void CheckpointManager::Impl::run_eformer_job(SaveJob& job) {
     std::vector<size_t> ids;
     for (const LeafView& leaf : job.leaves) {
       CKPTIO_ASSIGN_OR_RETURN(size_t id, writer->add_array(leaf.prefix, leaf.path, leaf.dtype, leaf.shape,
-                                                           chunk_shape(leaf)));
+                                                           zarr::regular_chunk_shape(leaf.shape, leaf.shards)));
       ids.push_back(id);
     }
     for (size_t i = 0; i < job.leaves.size(); ++i) {

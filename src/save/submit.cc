@@ -59,6 +59,20 @@ Status cast_floats(SaveJob& job, DType to) {
   return Status::OK();
 }
 
+// A job's fields every save sets alike, whatever its layout.
+std::shared_ptr<SaveJob> new_job(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options,
+                                 bool copy_mode, int pid) {
+  auto job = std::make_shared<SaveJob>();
+  job->step = step;
+  job->leaves = std::move(state);
+  job->options = options;
+  job->copy_mode = copy_mode;
+  job->handle = std::make_shared<SaveHandle::State>();
+  job->handle->pid = pid;
+  job->handle->step = step;
+  return job;
+}
+
 }  // namespace
 
 Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<LeafView>&& state,
@@ -131,14 +145,8 @@ Result<std::shared_ptr<SaveJob>> CheckpointManager::Impl::make_job(int64_t step,
   Storage& storage = owner->storage();
   const ProcessGroup& group = owner->options().processes;
   const bool multi = group.count > 1;
-  auto job = std::make_shared<SaveJob>();
-  job->step = step;
-  job->leaves = std::move(state);
-  job->options = options;
-  job->copy_mode = owner->options().staging == StagingMode::kCopy;
-  job->handle = std::make_shared<SaveHandle::State>();
-  job->handle->pid = owner->made_by_pid_;
-  job->handle->step = step;
+  auto job = new_job(step, std::move(state), options, owner->options().staging == StagingMode::kCopy,
+                     owner->made_by_pid_);
   if (multi) {
     // Every process names this attempt alike (see src/save/group_commit.cc).
     uint64_t n = 0;
@@ -185,15 +193,9 @@ Result<std::shared_ptr<SaveJob>> CheckpointManager::Impl::make_eformer_job(int64
     return Status(Code::kUnimplemented, "multi-process saves in the eformer layout are not supported yet "
                                         "(ManagerOptions::layout \"eformer\"; save in \"ckptio\" and "
                                         "convert with `ckptio cp --format eformer`)");
-  auto job = std::make_shared<SaveJob>();
+  auto job = new_job(step, std::move(state), options, owner->options().staging == StagingMode::kCopy,
+                     owner->made_by_pid_);
   job->eformer = true;
-  job->step = step;
-  job->leaves = std::move(state);
-  job->options = options;
-  job->copy_mode = owner->options().staging == StagingMode::kCopy;
-  job->handle = std::make_shared<SaveHandle::State>();
-  job->handle->pid = owner->made_by_pid_;
-  job->handle->step = step;
   job->paths.final_dir = final_dir;
   job->paths.attempt = new_attempt_id();
   if (options.float_dtype) CKPTIO_RETURN_IF_ERROR(cast_floats(*job, *options.float_dtype));

@@ -8,6 +8,7 @@
 // Pure; O(rank) per call, except for_each_chunk (O(chunks * rank)).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -48,6 +49,23 @@ struct ChunkRange {
 // shape; kInvalidArgument otherwise). An empty box overlaps none; a rank-0
 // array's box overlaps its one chunk.
 Result<ChunkRange> chunks_overlapping(const ZArray& a, const Box& box);
+
+// The chunk shape under which a leaf of `shape`, stored as `shards` (anything
+// with a `.box`: ShardView, ShardRecord), keeps one chunk per shard: their
+// extent when every shard has the first one's (cut by the shape at the far
+// edges) and starts on a multiple of it, as a mesh sharding's device shards
+// do (TensorStore's chunks); else the whole shape (one chunk).
+template <typename Shards>
+Shape regular_chunk_shape(const Shape& shape, const Shards& shards) {
+  if (shape.empty() || shards.empty()) return shape;
+  const Shape first = shards.front().box.extent();
+  for (const auto& s : shards)
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (first[d] <= 0 || s.box.start[d] % first[d] != 0) return shape;
+      if (s.box.stop[d] - s.box.start[d] != std::min(first[d], shape[d] - s.box.start[d])) return shape;
+    }
+  return first;
+}
 
 // Calls f(index) for every grid position of `range`, in C order (the last
 // dimension fastest), with `index` a span of rank entries valid during the call.

@@ -358,6 +358,15 @@ def markdown(res, plots, method=True):
             import python_bench  # the section's table is its own (bench/python_bench.py)
             L += [python_bench.markdown(py)]
 
+    if res.get("restart"):
+        rs = res["restart"]
+        if rs.get("skipped"):
+            L += ["## Restart from process start (issue 30)", "", "**Skipped**: %s." % rs["skipped"], ""]
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import restart_bench  # the section's table is its own (bench/restart_bench.py)
+            L += [restart_bench.markdown(rs)]
+
     if method:
         L.append(METHOD)
     if res.get("notes") or res.get("errors"):

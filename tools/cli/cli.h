@@ -187,6 +187,11 @@ struct CheckOutcome {
   uint64_t bytes = 0;
   size_t leaves = 0;
   double restore_seconds = 0;
+  // CLOCK_MONOTONIC (steady_clock) seconds when the restored state was ready:
+  // the end of the last restore, less the comparisons with the generator done
+  // between batches. A parent that read the clock before starting this
+  // process has the restart's time from process start (bench/restart).
+  double ready_monotonic_s = 0;
   bool verified = false;
   std::string error;  // set when !verified: names the leaf (and element)
   // The failure is damage to the stored step (kDataLoss: index or data), not

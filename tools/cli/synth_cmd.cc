@@ -205,6 +205,7 @@ CheckOutcome check_synth_step(CheckpointManager& m, int64_t step, bool show_prog
   // thread; the line's thread reads them).
   std::atomic<uint64_t> restored{0};
   uint64_t before = 0;  // of the batches done
+  double compare_seconds = 0;  // with the generator, between the batches' restores
   if (show_progress) {
     progress.emplace("restoring step " + std::to_string(step), layout.total_bytes);
     progress->watch([&restored] { return restored.load(std::memory_order_relaxed); });
@@ -219,6 +220,8 @@ CheckOutcome check_synth_step(CheckpointManager& m, int64_t step, bool show_prog
     auto r = m.restore(step, ro);
     if (r.ok()) before += r->stats.bytes_needed;
     out.restore_seconds += since(t0);
+    out.ready_monotonic_s =
+        std::chrono::duration<double>(Clock::now().time_since_epoch()).count() - compare_seconds;
     if (!r.ok()) {
       out.error = r.status().to_string();
       out.damaged = r.status().data_loss();
@@ -232,10 +235,12 @@ CheckOutcome check_synth_step(CheckpointManager& m, int64_t step, bool show_prog
       return out;
     }
     if (progress) progress->set_label("comparing step " + std::to_string(step));
+    const auto c0 = Clock::now();
     if (std::string e = compare_batch(layout, meta, b, *r, step); !e.empty()) {
       out.error = e;
       return out;
     }
+    compare_seconds += since(c0);
     if (progress) progress->set_label("restoring step " + std::to_string(step));
   }
   out.verified = true;
@@ -387,6 +392,7 @@ int run_check(const GlobalOptions& g, const CheckCmd& o) {
                           {"leaves", c.leaves},
                           {"restore_seconds", round_to(c.restore_seconds, 4)},
                           {"restore_gbps", round_to(gbps(c.bytes, c.restore_seconds), 4)},
+                          {"ready_monotonic_s", round_to(c.ready_monotonic_s, 4)},
                           {"verified", c.verified},
                           {"skipped", skipped}};
     if (!c.verified) out["error"] = c.error;

@@ -1,0 +1,424 @@
+#!/usr/bin/python3
+"""The restart, measured as a trainer lives it (issue 30): a new process with a
+cold page cache, from process start to a restored state in memory it has never
+touched, against the disk's best read and what a user would run instead.
+
+  PYTHONPATH=<build>/python /usr/bin/python3 bench/restart_bench.py --ckptio <build>/bin/ckptio \\
+      [--sizes 2GiB,half] [--repeat 3] [--dir /var/tmp] [--json FILE|-]
+
+Per size (`half` is half of this machine's memory), once: `ckptio synth save`
+writes step 1 (the 295-leaf transformer-like state); a child process makes the
+same leaves (bench/synthpy.py), writes them as one .npy per leaf and as one
+torch.save of the state_dict (each fsynced), writes the leaves' CRC32s, and
+exits, so that the parent holds no state while the contenders run.
+
+Per repetition, each contender after `sync; echo 3 > /proc/sys/vm/drop_caches`,
+in a fresh process, the order rotated by one each repetition:
+  fio        the best of three reads of the step's data file: one job at depth
+             32 with 1 MiB blocks (O_DIRECT, io_uring), 8 jobs at depth 8 with
+             8 MiB blocks over eighths of the file, one buffered job (psync, 1 MiB);
+  ckptio     `ckptio synth check DIR --json`: discovers the latest committed
+             step, reads its index, plans, reads, verifies every checksum
+             (then compares every byte with the generator, after the clock);
+  python     the same through the Python package: CheckpointManager(DIR).restore();
+  numpy      numpy.load of every .npy;
+  torch      torch.load of the state_dict.
+The time of a contender is from just before the parent starts its process to
+the moment the child reports the state restored (CLOCK_MONOTONIC, shared by
+both), so interpreter start, imports, discovery and the index are in it and
+process exit is not; GB/s = the state's bytes / that time. Peak RSS: the
+child's ru_maxrss. The Python children check every leaf's CRC32 against the
+generator's after the clock stops (the CLI compares every byte).
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import zlib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def log(msg):
+    print("[restart %s] %s" % (time.strftime("%H:%M:%S"), msg), file=sys.stderr, flush=True)
+
+
+def parse_size(s):
+    if s == "half":
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2 // GiB * GiB
+    units = {"k": 1 << 10, "m": MiB, "g": GiB}
+    s = s.strip().lower().rstrip("ib").rstrip("b") if s[-1:].isalpha() else s
+    if s[-1:] in units:
+        return int(float(s[:-1]) * units[s[-1]])
+    return int(s)
+
+
+def size_name(n):
+    return "%g GiB" % (n / GiB) if n >= GiB else "%g MiB" % (n / MiB)
+
+
+def med(v):
+    return statistics.median(v) if v else None
+
+
+# ---- children -----------------------------------------------------------------------
+
+def leaf(tree, name):
+    """prefix/path in a restored pytree: the CLI's step has no Python tree, so
+    the package nests its leaves by the path's "."-separated keys."""
+    prefix, path = name.split("/", 1)
+    node = tree[prefix]
+    if isinstance(node, dict) and path in node:
+        return node[path]
+    for key in path.split("."):
+        node = node[int(key)] if isinstance(node, (list, tuple)) else node[key]
+    return node
+
+
+def child(a):
+    """One contender's restore in this fresh process; prints JSON with the
+    moment the state was in memory, then checks it."""
+    import numpy as np
+    with open(a.expect) as f:
+        exp = json.load(f)
+    names, crcs = exp["names"], exp["crc"]
+    if a.child == "python":
+        import ckptio
+        tree = ckptio.CheckpointManager(a.path).restore()
+        ready = time.monotonic()
+        got = [leaf(tree, n) for n in names]
+    elif a.child == "numpy":
+        got = [np.load(os.path.join(a.path, n + ".npy")) for n in names]
+        ready = time.monotonic()
+    elif a.child == "torch":
+        import torch
+        sd = torch.load(a.path)
+        ready = time.monotonic()
+        got = []
+        for n in names:
+            t = sd[n.split("/", 1)[0]][n.split("/", 1)[1]]
+            got.append(t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy())
+    else:
+        sys.exit("unknown child " + a.child)
+    bad = [n for n, g, c in zip(names, got, crcs)
+           if zlib.crc32(np.ascontiguousarray(g).reshape(-1).view(np.uint8)) != c]
+    print(json.dumps({"ready_monotonic_s": ready, "verified": not bad,
+                      "error": "%d leaves differ, first %s" % (len(bad), bad[0]) if bad else None}))
+
+
+def export(a):
+    """Child: the synth state's leaves as .npy files and one torch.save, fsynced,
+    and their CRC32s; the state dies with this process."""
+    import numpy as np
+    import synthpy
+    with open(a.expect) as f:
+        leaves = json.load(f)["leaves"]
+    st = synthpy.State(leaves)
+    names = st.names()
+    crcs = [zlib.crc32(x.reshape(-1).view(np.uint8)) for x in st.arrays]
+    for n, x in zip(names, st.arrays):
+        p = os.path.join(a.path, "numpy", n + ".npy")
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb") as f:
+            np.save(f, x)
+            f.flush()
+            os.fsync(f.fileno())
+    try:
+        import torch
+        sd = {}
+        for l, x in zip(st.leaves, st.arrays):
+            t = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16) if l["dtype"] == "bfloat16" \
+                else torch.from_numpy(x)
+            sd.setdefault(l["prefix"], {})[l["path"]] = t
+        with open(os.path.join(a.path, "state.pt"), "wb") as f:
+            torch.save(sd, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except ImportError as e:
+        log("torch is not importable (%s): no torch contender" % e)
+    with open(a.expect, "w") as f:
+        json.dump({"leaves": leaves, "names": names, "crc": crcs}, f)
+
+
+# ---- the parent ---------------------------------------------------------------------
+
+def drop_caches():
+    import contenders as C
+    return C.drop_caches()
+
+
+def spawn(args, env=None):
+    """(seconds from just before the spawn to the child's ready moment, peak RSS
+    bytes, the child's JSON)."""
+    import tempfile
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.monotonic()
+        p = subprocess.Popen(args, stdout=out, stderr=err, text=True, env=env)
+        _, status, ru = os.wait4(p.pid, 0)  # the child's own rusage: its peak RSS
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        text, why = out.read(), err.read()
+    if p.returncode != 0 or "{" not in text:
+        raise RuntimeError("%s exited %d: %s" % (os.path.basename(args[0]), p.returncode, why.strip()[-800:]))
+    j = json.loads(text[text.index("{"):])
+    if not j.get("verified"):
+        raise RuntimeError("%s: the restored state differs: %s" % (args[:3], j.get("error")))
+    return j["ready_monotonic_s"] - t0, ru.ru_maxrss * 1024, j
+
+
+class Run:
+    def __init__(self, a):
+        self.a = a
+        self.errors = []
+        self.cold = True
+
+    def drop(self):
+        self.cold &= drop_caches()
+
+    def fio_one(self, path, size, jobs, depth, bs, direct):
+        size = size // (jobs * bs) * (jobs * bs)
+        args = ["fio", "--name=restart", "--filename=" + path, "--readonly", "--rw=read",
+                "--bs=%d" % bs, "--size=%d" % (size // jobs), "--numjobs=%d" % jobs,
+                "--offset_increment=%d" % (size // jobs), "--group_reporting", "--output-format=json"]
+        args += ["--direct=1", "--ioengine=io_uring", "--iodepth=%d" % depth] if direct else \
+                ["--direct=0", "--ioengine=psync"]
+        self.drop()
+        job = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)["jobs"][0]
+        return job["read"]["bw_bytes"] / 1e9
+
+    def setup(self, size):
+        a = self.a
+        d = os.path.join(a.dir, "restart-%d" % size)
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        log("%s: ckptio synth save (step 1)" % size_name(size))
+        subprocess.run([a.ckptio, "synth", "save", os.path.join(d, "ckpt"), "--step", "1", "--bytes",
+                        str(size), "--staging", "borrow"], check=True, stdout=subprocess.DEVNULL)
+        j = json.loads(subprocess.run([a.ckptio, "inspect", os.path.join(d, "ckpt"), "--json"], check=True,
+                                      capture_output=True, text=True).stdout)
+        leaves = [{"prefix": l["prefix"], "path": l["path"], "dtype": l["dtype"], "shape": list(l["shape"]),
+                   "bytes": int(l["bytes"])} for l in j["leaves"]]
+        expect = os.path.join(d, "expect.json")
+        with open(expect, "w") as f:
+            json.dump({"leaves": leaves}, f)
+        log("%s: the same leaves as .npy files and a torch.save (a child process)" % size_name(size))
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--export", "--path", d, "--expect", expect],
+                       check=True)
+        step = os.path.join(d, "ckpt", "run-1")
+        data = max((os.path.join(step, f) for f in os.listdir(step) if f.endswith(".bin")), key=os.path.getsize)
+        return d, expect, data, sum(l["bytes"] for l in leaves)
+
+    def contender(self, who, d, expect, data, size, runs):
+        a = self.a
+        me = [sys.executable, os.path.abspath(__file__), "--expect", expect]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        if who == "fio":
+            for key, jobs, depth, bs, direct in (("fio_1x32_1m", 1, 32, MiB, True),
+                                                 ("fio_8x8_8m", 8, 8, 8 * MiB, True),
+                                                 ("fio_buffered", 1, 1, MiB, False)):
+                runs.setdefault(key, []).append(self.fio_one(data, size, jobs, depth, bs, direct))
+            runs.setdefault("fio_best", []).append(max(runs[k][-1] for k in
+                                                       ("fio_1x32_1m", "fio_8x8_8m", "fio_buffered")))
+            return
+        self.drop()
+        if who == "ckptio":
+            s, rss, j = spawn([a.ckptio, "synth", "check", os.path.join(d, "ckpt"), "--json",
+                               "--batch", str(4 * size)])
+            runs.setdefault("ckptio_restore_only_gbps", []).append(j["restore_gbps"])
+        elif who == "python":
+            s, rss, _ = spawn(me + ["--child", "python", "--path", os.path.join(d, "ckpt")], env)
+        elif who == "numpy":
+            s, rss, _ = spawn(me + ["--child", "numpy", "--path", os.path.join(d, "numpy")], env)
+        elif who == "torch":
+            s, rss, _ = spawn(me + ["--child", "torch", "--path", os.path.join(d, "state.pt")], env)
+        runs.setdefault(who + "_s", []).append(s)
+        runs.setdefault(who + "_gbps", []).append(size / s / 1e9)
+        runs.setdefault(who + "_peak_rss_over_state", []).append(rss / size)
+
+    def size(self, size):
+        d, expect, data, total = self.setup(size)
+        order = ["fio", "ckptio", "python", "numpy"] + (["torch"] if os.path.exists(os.path.join(d, "state.pt"))
+                                                         else [])
+        runs = {}
+        for r in range(self.a.repeat):
+            rot = order[r % len(order):] + order[:r % len(order)]
+            log("%s rep %d/%d: %s" % (size_name(size), r + 1, self.a.repeat, " ".join(rot)))
+            for who in rot:
+                try:
+                    self.contender(who, d, expect, data, total, runs)
+                except Exception as e:  # noqa: BLE001 - record, go on with the others
+                    msg = "%s %s: %s" % (size_name(size), who, str(e).strip()[-600:])
+                    log("ERROR " + msg)
+                    self.errors.append(msg)
+        leaves = len(json.load(open(expect))["leaves"])
+        shutil.rmtree(d, ignore_errors=True)
+        return {"bytes": total, "leaves": leaves, "repeat": self.a.repeat,
+                "runs": runs}
+
+
+TARGETS = (  # (name, figure key, goal, op): the issue's targets, per size
+    ("restart ÷ fio's best read", "ckptio_vs_fio_best", 0.9, ">="),
+    ("restart ÷ numpy.load", "ckptio_vs_numpy", 1.2, ">="),
+    ("restart ÷ torch.load", "ckptio_vs_torch", None, None),
+    ("Python package ÷ CLI", "python_vs_cli", 0.95, ">="),
+    ("CLI peak RSS ÷ state", "ckptio_peak_rss_over_state", 1.05, "<="),
+    ("Python peak RSS ÷ state", "python_peak_rss_over_state", 1.05, "<="),
+)
+
+
+def ratios(res):
+    """The issue's targets per size: ratios of the medians, and the range of
+    the same ratio within each repetition (contenders of one repetition ran
+    back to back)."""
+    out = {}
+    for name, s in res["sizes"].items():
+        r = s["runs"]
+        m = {k: med(v) for k, v in r.items()}
+
+        def ratio(a, b):
+            per_rep = [x / y for x, y in zip(r.get(a, []), r.get(b, []))] \
+                if len(r.get(a, [])) == len(r.get(b, [])) else []
+            return {"median": m[a] / m[b] if m.get(a) and m.get(b) else None,
+                    "per_rep": per_rep}
+        row = {"ckptio_vs_fio_best": ratio("ckptio_gbps", "fio_best"),
+               "ckptio_vs_numpy": ratio("ckptio_gbps", "numpy_gbps"),
+               "ckptio_vs_torch": ratio("ckptio_gbps", "torch_gbps"),
+               "python_vs_cli": ratio("python_gbps", "ckptio_gbps")}
+        for k in ("ckptio_peak_rss_over_state", "python_peak_rss_over_state"):
+            row[k] = {"median": m.get(k), "per_rep": r.get(k, [])}
+        out[name] = row
+    return out
+
+
+def verdict(v, goal, op):
+    if v is None or goal is None:
+        return ""
+    return "met" if (v >= goal if op == ">=" else v <= goal) else "**NOT MET**"
+
+
+def table(res):
+    lines = []
+    for name, s in res["sizes"].items():
+        r = s["runs"]
+        lines.append("%s, medians of %d (min-max), cold cache, fresh process:" % (name, s["repeat"]))
+        for k in ("fio_1x32_1m", "fio_8x8_8m", "fio_buffered", "fio_best", "ckptio_gbps",
+                  "ckptio_restore_only_gbps", "python_gbps", "numpy_gbps", "torch_gbps"):
+            if r.get(k):
+                lines.append("  %-28s %6.2f GB/s  (%.2f-%.2f)" % (k, med(r[k]), min(r[k]), max(r[k])))
+        for label, key, goal, op in TARGETS:
+            f = res["ratios"][name][key]
+            if f["median"] is not None:
+                lines.append("  %-28s %6.3f  (per rep %s) %s" % (
+                    label, f["median"], ", ".join("%.2f" % x for x in f["per_rep"]), verdict(f["median"], goal, op)))
+    return "\n".join(lines)
+
+
+ROWS = (("fio_best", "fio, best of the three reads below"),
+        ("fio_1x32_1m", "fio: 1 job, depth 32, 1 MiB, O_DIRECT io_uring"),
+        ("fio_8x8_8m", "fio: 8 jobs, depth 8, 8 MiB, O_DIRECT io_uring"),
+        ("fio_buffered", "fio: 1 job, buffered psync, 1 MiB"),
+        ("ckptio_gbps", "**ckptio restart** (`ckptio synth check DIR`: discover, index, plan, read, verify)"),
+        ("ckptio_restore_only_gbps", "(its restore() call alone, as `synth check` times it)"),
+        ("python_gbps", "ckptio's Python package: `CheckpointManager(DIR).restore()`"),
+        ("numpy_gbps", "numpy.load of one .npy per leaf"),
+        ("torch_gbps", "torch.load of the state_dict"))
+
+
+def markdown(res, level="##"):
+    L = ["%s Restart from process start (issue 30)" % level, "",
+         "Command: `%s`%s  " % (res["command"], " (run by `%s`)" % res["run_by"] if res.get("run_by") else ""),
+         "Date: %s (%.1f min); load average %s at the start, %s at the end; scratch on %s  " % (
+             res["date"], res["seconds"] / 60, res["load_start"], res["load_end"], res["filesystem"]),
+         "Each contender in a fresh process after `sync; echo 3 > /proc/sys/vm/drop_caches` (done: **%s**), "
+         "timed from just before the parent starts it to the moment it reports the state in memory; "
+         "contenders rotated each repetition. ckptio verifies every checksum inside that time; the others "
+         "are checked (CRC32 per leaf) after it." % ("yes" if res["cold_cache"] else "NO"), ""]
+    for name, s in res["sizes"].items():
+        r, rat = s["runs"], res["ratios"][name]
+        L += ["%s# %s (%d leaves), %d repetition(s)" % (level, name, s.get("leaves", 295), s["repeat"]), "",
+              "| read into fresh memory | GB/s, median (min-max) | seconds |", "|---|---|---|"]
+        for k, label in ROWS:
+            v = r.get(k)
+            if v:
+                secs = r.get(k[:-5] + "_s") if k.endswith("_gbps") else None
+                L.append("| %s | %.2f (%.2f-%.2f) | %s |" % (label, med(v), min(v), max(v),
+                                                            "%.2f" % med(secs) if secs else ""))
+        L += ["", "| target | goal | median | per repetition | verdict |", "|---|---|---|---|---|"]
+        for label, key, goal, op in TARGETS:
+            f = rat[key]
+            if f["median"] is None:
+                continue
+            L.append("| %s | %s | %.3f | %s | %s |" % (
+                label, "%s %.2f" % ("≥" if op == ">=" else "≤", goal) if goal else "(reported)", f["median"],
+                ", ".join("%.2f" % x for x in f["per_rep"]), verdict(f["median"], goal, op)))
+        L.append("")
+    for e in res.get("errors", []):
+        L += ["**Error**: `%s`" % e, ""]
+    return "\n".join(L)
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ckptio", default=os.path.join(ROOT, "build", "bin", "ckptio"))
+    ap.add_argument("--sizes", default="2GiB,half")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dir", default="/var/tmp")
+    ap.add_argument("--json", default=None, help="write the results as JSON to FILE (- for stdout)")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--path", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--expect", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return child(a)
+    if a.export:
+        return export(a)
+    if not shutil.which("fio"):
+        sys.exit("bench/restart: fio is missing (tools/setup-deps --bench)")
+    a.ckptio = os.path.abspath(a.ckptio)
+    a.dir = os.path.join(a.dir, "ckptio-restart-%d" % os.getpid())
+    os.makedirs(a.dir)
+    run = Run(a)
+    fs = subprocess.run(["findmnt", "-n", "-T", os.path.dirname(a.dir), "-o", "SOURCE,FSTYPE"],
+                        capture_output=True, text=True).stdout.strip()
+    res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "ckptio": a.ckptio, "sizes": {},
+           "errors": run.errors, "load_start": loadavg(), "filesystem": fs or "?",
+           "command": " ".join(["bench/restart_bench.py"] + sys.argv[1:])}
+    t = time.monotonic()
+    try:
+        for s in a.sizes.split(","):
+            size = parse_size(s)
+            res["sizes"][size_name(size)] = run.size(size)
+    finally:
+        shutil.rmtree(a.dir, ignore_errors=True)
+    res["cold_cache"] = run.cold
+    res["ratios"] = ratios(res)
+    res["seconds"] = time.monotonic() - t
+    res["load_end"] = loadavg()
+    print(table(res))
+    if a.json:
+        text = json.dumps(res, indent=1)
+        if a.json == "-":
+            print(text)
+        else:
+            with open(a.json, "w") as f:
+                f.write(text)
+    return 1 if run.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

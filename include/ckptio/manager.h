@@ -267,6 +267,12 @@ struct RestoreStats {
   // checked.
   uint64_t pieces_unverified = 0;
   uint64_t bytes_unverified = 0;
+  // Memory restore allocated (whole leaves of at least 1 MiB, not `into`)
+  // that a thread of its own faulted in while the reads landed, so that the
+  // kernel did not fault it page by page inside each read's submission (a
+  // restore into fresh memory, as after a restart). 0 where the kernel
+  // cannot (before Linux 5.14: MADV_POPULATE_WRITE) or no thread was had.
+  uint64_t bytes_prefaulted = 0;
 };
 
 // Progress of a restore or a verify: `done` of `total` bytes, called on the
@@ -295,6 +301,10 @@ struct RestoreOptions {
   // reading whole shards (bytes_read grows up to the saved shards' size).
   bool verify = true;
   uint64_t verify_widen_max_bytes = 64 << 10;
+  // Fault the memory restore allocates for whole leaves in on a thread of its
+  // own while the reads land (RestoreStats::bytes_prefaulted). Off only to
+  // measure what it is worth (`ckptio synth check --no-prefault`).
+  bool prefault = true;
   ProgressHook on_progress;  // optional
   // Restore into existing arrays: a leaf named here lands in the caller's
   // memory (exactly the leaf's bytes; no cast may apply to it) instead of a

@@ -156,6 +156,7 @@ py::dict restore_stats_dict(const RestoreStats& s) {
   d["index_seconds"] = s.index_seconds;
   d["plan_seconds"] = s.plan_seconds;
   d["read_seconds"] = s.read_seconds;
+  d["bytes_prefaulted"] = s.bytes_prefaulted;
   return d;
 }
 

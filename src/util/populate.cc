@@ -15,16 +15,18 @@ bool populate_for_write(void* p, size_t len) {
   return ::madvise(reinterpret_cast<void*>(a), z - a, MADV_POPULATE_WRITE) == 0 || errno != EINVAL;
 }
 
-std::future<void> populate_in_background(std::vector<std::pair<std::byte*, uint64_t>> ranges) {
+std::future<void> populate_in_background(std::vector<std::pair<std::byte*, uint64_t>> ranges,
+                                         std::atomic<uint64_t>* populated) {
   static std::atomic<bool> works{true};  // false once the kernel refused (before 5.14)
   if (ranges.empty() || !works.load(std::memory_order_relaxed)) return {};
-  return try_async([ranges = std::move(ranges)] {
+  return try_async([ranges = std::move(ranges), populated] {
     constexpr uint64_t kSlice = 8ull << 20;
     for (auto r = ranges.rbegin(); r != ranges.rend(); ++r) {
       const auto [p, len] = *r;
       for (uint64_t end = len; end > 0;) {
         const uint64_t begin = end > kSlice ? end - kSlice : 0;
         if (!populate_for_write(p + begin, end - begin)) return works.store(false);
+        if (populated) populated->fetch_add(end - begin, std::memory_order_relaxed);
         end = begin;
       }
     }

@@ -1,6 +1,7 @@
 // Faulting memory in ahead of its first write, without changing its bytes.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <future>
@@ -26,7 +27,9 @@ bool populate_for_write(void* p, size_t len);
 // last backwards, each in 8 MiB slices from its end, so that this thread
 // and copies filling them from the front meet in the middle. Invalid when
 // there is nothing to do, no thread to be had, or the kernel cannot. The
-// caller waits on it before freeing the ranges.
-std::future<void> populate_in_background(std::vector<std::pair<std::byte*, uint64_t>> ranges);
+// caller waits on it before freeing the ranges. With `populated`, adds the
+// bytes of each slice faulted in as it goes.
+std::future<void> populate_in_background(std::vector<std::pair<std::byte*, uint64_t>> ranges,
+                                         std::atomic<uint64_t>* populated = nullptr);
 
 }  // namespace ckptio

@@ -202,9 +202,9 @@ struct CheckOutcome {
 // half the available memory, or above `batch_bytes` when that is > 0) and
 // compares every byte with the generator described by its "synth" metadata.
 // Returns verified = false with `error` for damage or a mismatch; throws
-// CliError for steps without synth metadata.
+// CliError for steps without synth metadata. prefault: RestoreOptions::prefault.
 CheckOutcome check_synth_step(CheckpointManager& m, int64_t step, bool show_progress = true,
-                              uint64_t batch_bytes = 0);
+                              uint64_t batch_bytes = 0, bool prefault = true);
 // The index metadata that check_synth_step reads: {"synth": {"seed", "bytes"
 // (the requested size, input of the layout), "leaves", "generator", "layout",
 // "total_bytes", "versions": {"prefix/path": version} (only non-zero ones)}}.

@@ -183,7 +183,7 @@ std::string synth_metadata_json(uint64_t seed, uint64_t target_bytes, uint64_t l
 }
 
 CheckOutcome check_synth_step(CheckpointManager& m, int64_t step, bool show_progress,
-                              uint64_t batch_bytes) {
+                              uint64_t batch_bytes, bool prefault) {
   CheckOutcome out;
   out.step = step;
   auto index = m.read_index(step);
@@ -213,6 +213,7 @@ CheckOutcome check_synth_step(CheckpointManager& m, int64_t step, bool show_prog
   for (const Batch& b : plan_batches(layout, batch_bytes)) {
     const auto t0 = Clock::now();
     RestoreOptions ro = batch_options(layout, b, /*verify=*/true);
+    ro.prefault = prefault;
     if (progress)
       ro.on_progress = [&restored, before](uint64_t done, uint64_t) {
         restored.store(before + done, std::memory_order_relaxed);
@@ -348,6 +349,7 @@ struct CheckCmd {
   ShardingArgs sharding;
   std::string coalesce_gap;
   bool verify_whole_shards = false;
+  bool no_prefault = false;
 };
 
 int run_check(const GlobalOptions& g, const CheckCmd& o) {
@@ -370,7 +372,7 @@ int run_check(const GlobalOptions& g, const CheckCmd& o) {
   nlohmann::json skipped = nlohmann::json::array();
   std::string skipped_text;
   for (int64_t step : candidates) {
-    c = check_synth_step(*m, step, /*show_progress=*/true, batch);
+    c = check_synth_step(*m, step, /*show_progress=*/true, batch, !o.no_prefault);
     if (c.verified || !c.damaged || o.step || g.strict) break;
     skipped.push_back({{"step", step}, {"error", c.error}});
     skipped_text += (skipped_text.empty() ? "" : ", ") + std::to_string(step);
@@ -461,6 +463,9 @@ void add_synth(CLI::App& app, const GlobalOptions& g, Command* run) {
   check->add_option("--batch", c->batch,
                     "Restore at most SIZE at a time (default: all at once if it fits in half "
                     "of the available memory)");
+  check->add_flag("--no-prefault", c->no_prefault,
+                  "Leave the restored leaves' fresh memory to be faulted in by the reads themselves "
+                  "(RestoreOptions::prefault = false; to measure what prefaulting is worth)");
   check->add_flag("--json", c->json,
                   "Print {step, bytes, leaves, restore_gbps, verified, skipped: [{step, error}]}; with a sharding {step, mesh, processes, "
                   "bytes_needed, bytes_read, read_ratio, requests, pieces_unverified, bytes_unverified, "

@@ -5,6 +5,7 @@ touched, against the disk's best read and what a user would run instead.
 
   PYTHONPATH=<build>/python /usr/bin/python3 bench/restart_bench.py --ckptio <build>/bin/ckptio \\
       [--sizes 2GiB,half] [--repeat 3] [--dir /var/tmp] [--json FILE|-]
+  bench/restart_bench.py --ckptio ... --prefault-pairs 10 --ckpt DIR   (prefault on against off only)
 
 Per size (`half` is half of this machine's memory), once: `ckptio synth save`
 writes step 1 (the 295-leaf transformer-like state); a child process makes the
@@ -387,6 +388,29 @@ def loadavg():
         return " ".join(f.read().split()[:3])
 
 
+def prefault_pairs(a):
+    """--prefault-pairs N --ckpt DIR: `synth check DIR` with and without
+    --no-prefault, N pairs, alternating which goes first, cold cache, fresh
+    process each: what prefaulting is worth on the device under DIR."""
+    import statistics
+    step = max(os.listdir(a.ckpt))
+    size = sum(os.path.getsize(os.path.join(a.ckpt, step, f)) for f in os.listdir(os.path.join(a.ckpt, step))
+               if f.endswith(".bin"))
+    res = {"on": [], "off": []}
+    for r in range(a.prefault_pairs):
+        for v in (("on", "off") if r % 2 == 0 else ("off", "on")):
+            drop_caches()
+            s, _, _ = spawn([a.ckptio, "synth", "check", a.ckpt, "--json"] + (["--no-prefault"] if v == "off" else []))
+            res[v].append(size / s / 1e9)
+    on, off = statistics.median(res["on"]), statistics.median(res["off"])
+    pairs = [x / y for x, y in zip(res["on"], res["off"])]
+    print("%s, %d pairs: prefault on %.2f GB/s (%.2f-%.2f), off %.2f GB/s (%.2f-%.2f), on / off %.2f; "
+          "pairs >= 1: %d; per pair %s" % (size_name(size), len(pairs), on, min(res["on"]), max(res["on"]), off,
+                                           min(res["off"]), max(res["off"]), on / off,
+                                           sum(x >= 1 for x in pairs), ", ".join("%.2f" % x for x in pairs)))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ckptio", default=os.path.join(ROOT, "build", "bin", "ckptio"))
@@ -394,6 +418,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--json", default=None, help="write the results as JSON to FILE (- for stdout)")
+    ap.add_argument("--prefault-pairs", type=int, default=0, metavar="N",
+                    help="only compare `synth check` with and without --no-prefault, N pairs, on --ckpt")
+    ap.add_argument("--ckpt", default=None, help="a checkpoint directory (`ckptio synth save`) for --prefault-pairs")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--path", default=None, help=argparse.SUPPRESS)
@@ -403,6 +430,9 @@ def main():
         return child(a)
     if a.export:
         return export(a)
+    if a.prefault_pairs:
+        a.ckptio = os.path.abspath(a.ckptio)
+        return prefault_pairs(a)
     if not shutil.which("fio"):
         sys.exit("bench/restart: fio is missing (tools/setup-deps --bench)")
     a.ckptio = os.path.abspath(a.ckptio)

@@ -605,11 +605,13 @@ void WholeRestore::allocate(size_t leaf_begin, size_t group_begin) {
 // backwards, meeting the reads coming from the front). Without it, each 4 KiB
 // page of fresh memory is faulted by the kernel inside the read's submission
 // (get_user_pages for O_DIRECT, copy_to_user otherwise), one after another on
-// the thread that submits every read: on this VM that capped a restore into
-// fresh memory at ~1.5 GB/s whatever the device, 0.7-2.7 GB/s from run to
-// run on a 7 GB/s device, and 3.0 GB/s (2.97-3.09) with the thread
-// (docs/benchmarks.md, "Restart from process start"). Leaves under
-// kPrefaultMin are left to the reads: too small to pay for the call.
+// the thread that submits every read. On this VM, against a device faster
+// than one core faults pages in (7 GB/s), the thread made restores 1.08-1.70x
+// faster and took away most of their worst runs; where the disk is the limit
+// it is neutral (0.91-1.03x). MADV_HUGEPAGE was tried too and not kept: fast
+// only while the VM's host already backs the memory (docs/benchmarks.md,
+// "Allocating and first-touching fresh memory"). Leaves under kPrefaultMin
+// are left to the reads: too small to pay for the call.
 void WholeRestore::prefault(size_t leaf_begin, size_t group_begin) {
   if (!options_.prefault) return;
   std::vector<std::pair<std::byte*, uint64_t>> ranges;

@@ -7,6 +7,11 @@ touched, against the disk's best read and what a user would run instead.
       [--sizes 2GiB,half] [--repeat 3] [--dir /var/tmp] [--json FILE|-]
   bench/restart_bench.py --ckptio ... --prefault-pairs 10 --ckpt DIR   (prefault on against off only)
 
+After the sizes, --sharded SIZE (default 2GiB): a step saved by 8 processes
+(dim 0 of every leaf over dp=8) restarted by 1, 2 and 3 fresh processes
+(`ckptio synth check --mesh dp=N --processes N`), against fio's best read of
+a file of the same size (issue 30, item 4).
+
 Per size (`half` is half of this machine's memory), once: `ckptio synth save`
 writes step 1 (the 295-leaf transformer-like state); a child process makes the
 same leaves (bench/synthpy.py), writes them as one .npy per leaf and as one
@@ -275,6 +280,58 @@ class Run:
                 "runs": runs}
 
 
+    def sharded(self, size):
+        """Issue 30, item 4: a step saved by 8 processes (dim 0 of every leaf
+        over dp=8) restarted by 1, 2 and 3 fresh processes (`synth check --mesh
+        dp=N --processes N`: the CLI forks them; each reads only its devices'
+        boxes), from the CLI's start to the last process's state in memory,
+        against fio's best read of a file of the same size on the same disk."""
+        a = self.a
+        d = os.path.join(a.dir, "sharded-%d" % size)
+        os.makedirs(d)
+        rules = os.path.join(d, "rules.json")
+        with open(rules, "w") as f:
+            json.dump([[".*", ["dp"]]], f)
+        ck = os.path.join(d, "ckpt")
+        log("%s: ckptio synth save by 8 processes (dp=8)" % size_name(size))
+        subprocess.run([a.ckptio, "synth", "save", ck, "--step", "1", "--bytes", str(size), "--mesh", "dp=8",
+                        "--rules", rules, "--processes", "8"], check=True, stdout=subprocess.DEVNULL)
+        fio_file = os.path.join(d, "fio.dat")
+        subprocess.run(["fio", "--name=lay", "--filename=" + fio_file, "--rw=write", "--bs=8M", "--size=%d" % size,
+                        "--direct=1", "--ioengine=io_uring", "--iodepth=8", "--output-format=json"],
+                       check=True, stdout=subprocess.DEVNULL)
+        order = ["fio", "p1", "p2", "p3"]
+        runs = {}
+        for r in range(a.repeat):
+            rot = order[r % len(order):] + order[:r % len(order)]
+            log("%s sharded rep %d/%d: %s" % (size_name(size), r + 1, a.repeat, " ".join(rot)))
+            for who in rot:
+                try:
+                    if who == "fio":
+                        runs.setdefault("fio_best", []).append(max(
+                            self.fio_one(fio_file, size, 1, 32, MiB, True), self.fio_one(fio_file, size, 8, 8, 8 * MiB, True),
+                            self.fio_one(fio_file, size, 1, 1, MiB, False)))
+                        continue
+                    n = int(who[1:])
+                    self.drop()
+                    sec, rss, j = spawn([a.ckptio, "synth", "check", ck, "--mesh", "dp=%d" % n, "--processes", str(n),
+                                         "--json"])
+                    runs.setdefault(who + "_gbps", []).append(j["bytes_needed"] / sec / 1e9)
+                    runs.setdefault(who + "_read_ratio", []).append(j["read_ratio"])
+                except Exception as e:  # noqa: BLE001
+                    msg = "%s sharded %s: %s" % (size_name(size), who, str(e).strip()[-600:])
+                    log("ERROR " + msg)
+                    self.errors.append(msg)
+        shutil.rmtree(d, ignore_errors=True)
+        out = {"bytes": size, "repeat": a.repeat, "runs": runs, "ratios": {}}
+        for n in (1, 2, 3):
+            x, f = runs.get("p%d_gbps" % n, []), runs.get("fio_best", [])
+            if x and f:
+                out["ratios"]["p%d" % n] = {"median": med(x) / med(f),
+                                            "per_rep": [p / q for p, q in zip(x, f)] if len(x) == len(f) else []}
+        return out
+
+
 TARGETS = (  # (name, figure key, goal, op): the issue's targets, per size
     ("restart ÷ fio's best read", "ckptio_vs_fio_best", 0.9, ">="),
     ("restart ÷ numpy.load", "ckptio_vs_numpy", 1.2, ">="),
@@ -334,6 +391,20 @@ def table(res):
             if f["median"] is not None:
                 lines.append("  %-28s %6.3f  (per rep %s) %s" % (
                     label, f["median"], ", ".join("%.2f" % x for x in f["per_rep"]), verdict(f["median"], goal, op)))
+    for name, sh in res.get("sharded", {}).items():
+        r = sh["runs"]
+        lines.append("%s saved by 8 processes (dp=8), restarted by N fresh processes, medians of %d:" % (
+            name, sh["repeat"]))
+        if r.get("fio_best"):
+            lines.append("  %-28s %6.2f GB/s  (%.2f-%.2f)" % ("fio_best", med(r["fio_best"]), min(r["fio_best"]),
+                                                             max(r["fio_best"])))
+        for n in (1, 2, 3):
+            k = "p%d_gbps" % n
+            if r.get(k):
+                f = sh["ratios"].get("p%d" % n, {})
+                lines.append("  %-28s %6.2f GB/s  (%.2f-%.2f)  ÷ fio %.2f (per rep %s) %s" % (
+                    "%d process(es)" % n, med(r[k]), min(r[k]), max(r[k]), f.get("median", 0),
+                    ", ".join("%.2f" % x for x in f.get("per_rep", [])), verdict(f.get("median"), 0.8, ">=")))
     return "\n".join(lines)
 
 
@@ -378,6 +449,27 @@ def markdown(res, level="##"):
                 label, "%s %.2f" % ("≥" if op == ">=" else "≤", goal) if goal else "(reported)", f["median"],
                 ", ".join("%.2f" % x for x in f["per_rep"]), verdict(f["median"], goal, op)))
         L.append("")
+    for name, sh in res.get("sharded", {}).items():
+        r = sh["runs"]
+        L += ["%s# %s saved by 8 processes (dim 0 over dp=8), restarted by N fresh processes, %d repetition(s)" % (
+            level, name, sh["repeat"]), "",
+              "`ckptio synth check DIR --mesh dp=N --processes N --json` (the CLI forks N processes; each reads "
+              "only its devices' boxes and verifies them), from the CLI's start to the last process's state in "
+              "memory; fio's best read of a file of the same size on the same disk, in the same repetitions.", "",
+              "| restart by | GB/s, median (min-max), aggregate | bytes read ÷ needed | ÷ fio's best | per repetition | "
+              "goal ≥ 0.8 |", "|---|---|---|---|---|---|"]
+        if r.get("fio_best"):
+            L.append("| (fio's best read) | %.2f (%.2f-%.2f) | | | | |" % (med(r["fio_best"]), min(r["fio_best"]),
+                                                                       max(r["fio_best"])))
+        for n in (1, 2, 3):
+            k = "p%d_gbps" % n
+            if r.get(k):
+                f = sh["ratios"].get("p%d" % n, {})
+                L.append("| %d process%s | %.2f (%.2f-%.2f) | %.3f | %.2f | %s | %s |" % (
+                    n, "" if n == 1 else "es", med(r[k]), min(r[k]), max(r[k]), max(r["p%d_read_ratio" % n]),
+                    f.get("median", 0), ", ".join("%.2f" % x for x in f.get("per_rep", [])),
+                    verdict(f.get("median"), 0.8, ">=")))
+        L.append("")
     for e in res.get("errors", []):
         L += ["**Error**: `%s`" % e, ""]
     return "\n".join(L)
@@ -418,6 +510,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--json", default=None, help="write the results as JSON to FILE (- for stdout)")
+    ap.add_argument("--sharded", default="2GiB",
+                    help="size of the step saved by 8 processes and restarted by 1, 2, 3 ('' to skip)")
     ap.add_argument("--prefault-pairs", type=int, default=0, metavar="N",
                     help="only compare `synth check` with and without --no-prefault, N pairs, on --ckpt")
     ap.add_argument("--ckpt", default=None, help="a checkpoint directory (`ckptio synth save`) for --prefault-pairs")
@@ -449,6 +543,9 @@ def main():
         for s in a.sizes.split(","):
             size = parse_size(s)
             res["sizes"][size_name(size)] = run.size(size)
+        if a.sharded:
+            size = parse_size(a.sharded)
+            res["sharded"] = {size_name(size): run.sharded(size)}
     finally:
         shutil.rmtree(a.dir, ignore_errors=True)
     res["cold_cache"] = run.cold

@@ -291,6 +291,7 @@ Json check_process(const GlobalOptions& g, const Sharding& s, const ShardedCheck
   const auto t0 = Clock::now();
   auto r = m->restore(step, ro);
   const double seconds = since(t0);
+  const double ready = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
   if (!r.ok()) return Json{{"error", "process " + std::to_string(p) + ": " + r.status().to_string()}};
   std::map<std::string, size_t> at;
   for (size_t i = 0; i < layout.leaves.size(); ++i) at[layout.leaves[i].name()] = i;
@@ -326,6 +327,7 @@ Json check_process(const GlobalOptions& g, const Sharding& s, const ShardedCheck
               {"bytes_unverified", r->stats.bytes_unverified},
               {"bytes_checked", checked},
               {"restore_seconds", seconds},
+              {"ready_monotonic_s", ready},
               {"leaves", r->leaves.size()}};
 }
 
@@ -457,6 +459,9 @@ int run_sharded_check(const GlobalOptions& g, const ShardingArgs& args, const Sh
                 {"bytes_checked", sum_of(results, "bytes_checked")},
                 {"restore_seconds", round_to(seconds, 4)},
                 {"restore_gbps", round_to(gbps(needed, seconds), 4)},
+                // CLOCK_MONOTONIC when the last process had its devices' state in
+                // memory (before comparing it with the generator): bench/restart_bench.py.
+                {"ready_monotonic_s", round_to(max_of(results, "ready_monotonic_s"), 4)},
                 {"verified", error.empty()}};
     if (!error.empty()) out["error"] = error;
     std::printf("%s\n", out.dump(2).c_str());

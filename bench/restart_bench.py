@@ -540,7 +540,7 @@ def main():
            "command": " ".join(["bench/restart_bench.py"] + sys.argv[1:])}
     t = time.monotonic()
     try:
-        for s in a.sizes.split(","):
+        for s in filter(None, a.sizes.split(",")):
             size = parse_size(s)
             res["sizes"][size_name(size)] = run.size(size)
         if a.sharded:

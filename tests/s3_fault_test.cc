@@ -236,10 +236,16 @@ TEST_F(S3MotoFaulty, ReadNeverMixesVersions) {
   const uint64_t n = 2 * kS3TestPart;
   auto v1 = random_bytes(n, 6), v2 = random_bytes(n, 7);
   ASSERT_TRUE(store_->put("obj", v1).ok());
-  // GETs wait long enough for the overwrite below to land first.
+  // The read learns the object's version first (HEAD, not delayed); its GETs
+  // then wait 1.5 s in the proxy before they go upstream. The overwrite goes
+  // as soon as the proxy holds the first GET (a latch on the proxy's count,
+  // not a guess at how long the HEAD takes), so it lands between the two.
   rules("fault=latency op=GetObject delay=1.5");
   std::thread writer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (count("op.GetObject") < 1 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    EXPECT_GE(count("op.GetObject"), 1) << "the read's GET never reached the proxy";
     EXPECT_TRUE(store_->put("obj", v2).ok());
   });
   std::vector<std::byte> got(n);

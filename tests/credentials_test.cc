@@ -176,6 +176,19 @@ TEST(ProcessCredentials, CommandsSplitAsBotocoreSplitsThem) {
 
 // ---- renewal --------------------------------------------------------------------
 
+// Waits until `done()` holds, up to `limit`: what the renewal thread does is
+// waited for by its effect, not by a guess at how long it takes on a loaded
+// machine. True when it held.
+template <typename F>
+bool eventually(F done, std::chrono::milliseconds limit = 60s) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
 TimedCredentials expiring_in(std::chrono::milliseconds ms, const std::string& id) {
   return TimedCredentials{Credentials{id, "secret-" + id, "token-" + id}, std::chrono::system_clock::now() + ms};
 }
@@ -217,7 +230,10 @@ TEST(CredentialProvider, FirstFailureIsReturnedAndLaterOnesAreRetriedAndReported
     return Status(Code::kUnavailable, "metadata service down");
   }, o);
   ASSERT_TRUE(p.ok());
-  std::this_thread::sleep_for(700ms);
+  // The set expires at 400 ms; renewals fail from its halfway point on.
+  EXPECT_TRUE(eventually([&] {
+    return (*p)->failed_fetches() >= 2 && (*p)->stale_reason().find("expired at") != std::string::npos;
+  })) << (*p)->failed_fetches() << " failed fetches; stale reason: " << (*p)->stale_reason();
   EXPECT_EQ((*p)->current().access_key_id, "only");  // the last good set is kept
   EXPECT_GE((*p)->failed_fetches(), 2u);
   const std::string why = (*p)->stale_reason();
@@ -471,9 +487,14 @@ TEST(S3MotoSigV4Credentials, InstanceMetadataKeysAreRenewedBeforeMotoDeletesThem
   // The source fails: once the last key has expired (and been deleted on
   // moto), requests fail, and the error says why.
   fake.fail_from_now();
-  std::this_thread::sleep_for(5s);
+  // Requests go on succeeding until the last key dies (4 s after it was
+  // minted); then they fail, and say why.
   const auto data = bytes_of(1024, 7);
-  const Status s = (*store)->put("after", data);
+  Status s;
+  EXPECT_TRUE(eventually([&] {
+    s = (*store)->put("after", data);
+    return !s.ok();
+  }, 120s)) << "requests still succeed long after the last key expired";
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("expired at"), std::string::npos) << s.to_string();
   EXPECT_NE(s.message().find("the last renewal failed"), std::string::npos) << s.to_string();
@@ -595,7 +616,9 @@ TEST(S3MotoSigV4Credentials, CredentialProcessRunsWithoutAShellAndIsRenewed) {
   auto store = open_store(srv, *c);
   ASSERT_TRUE(store.ok()) << store.status().to_string();
   expect_put_get(**store, "obj", 4);  // moto checks the helper's key
-  std::this_thread::sleep_for(3500ms);  // 3 s sets: renewed by now
+  // 3 s sets: renewed halfway through, by the helper run a second time.
+  EXPECT_TRUE(eventually([&] { return c->credential_provider->fetches() >= 2; }))
+      << c->credential_provider->fetches() << " fetches";
   EXPECT_GE(c->credential_provider->fetches(), 2u);
   std::ifstream runs(dir / "runs");
   std::string line;

@@ -267,11 +267,12 @@ struct RestoreStats {
   // checked.
   uint64_t pieces_unverified = 0;
   uint64_t bytes_unverified = 0;
-  // Memory restore allocated (whole leaves of at least 1 MiB, not `into`)
-  // that a thread of its own faulted in while the reads landed, so that the
-  // kernel did not fault it page by page inside each read's submission (a
-  // restore into fresh memory, as after a restart). 0 where the kernel
-  // cannot (before Linux 5.14: MADV_POPULATE_WRITE) or no thread was had.
+  // Memory restore allocated (whole leaves of at least 1 MiB saved in one
+  // shard, not `into`) that a thread of its own faulted in while the reads
+  // landed, so that the kernel did not fault it page by page inside each
+  // read's submission (a restore into fresh memory, as after a restart). 0
+  // where the kernel cannot (before Linux 5.14: MADV_POPULATE_WRITE) or no
+  // thread was had.
   uint64_t bytes_prefaulted = 0;
 };
 

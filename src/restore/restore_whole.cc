@@ -611,7 +611,11 @@ void WholeRestore::allocate(size_t leaf_begin, size_t group_begin) {
 // it is neutral (0.91-1.03x). MADV_HUGEPAGE was tried too and not kept: fast
 // only while the VM's host already backs the memory (docs/benchmarks.md,
 // "Allocating and first-touching fresh memory"). Leaves under kPrefaultMin
-// are left to the reads: too small to pay for the call.
+// are left to the reads: too small to pay for the call. So are leaves saved
+// in several shards (by several processes): their reads go file by file,
+// each touching every leaf, so there is no front for the thread to meet, and
+// with it a step saved by 8 processes restored 9% slower (8 pairs, 0 of them
+// faster; 13-19% in an earlier trial, docs/benchmarks/history.md).
 void WholeRestore::prefault(size_t leaf_begin, size_t group_begin) {
   if (!options_.prefault) return;
   std::vector<std::pair<std::byte*, uint64_t>> ranges;
@@ -619,7 +623,7 @@ void WholeRestore::prefault(size_t leaf_begin, size_t group_begin) {
     if (Buffer& slab = groups_[gi].slab; slab.size() >= kPrefaultMin) ranges.emplace_back(slab.data(), slab.size());
   for (size_t i = leaf_begin; i < next_leaf_; ++i) {
     Buffer& b = out_.leaves[i].data;
-    if (!allocated_[i] || b.size() < kPrefaultMin) continue;
+    if (!allocated_[i] || b.size() < kPrefaultMin || selected_[i].second->shards.size() != 1) continue;
     ranges.emplace_back(b.data(), b.size());
   }
   std::future<void> f = populate_in_background(std::move(ranges), &prefaulted_);

@@ -609,7 +609,7 @@ void WholeRestore::allocate(size_t leaf_begin, size_t group_begin) {
 // than one core faults pages in (7 GB/s), the thread made restores 1.08-1.70x
 // faster and took away most of their worst runs; where the disk is the limit
 // it is neutral (0.91-1.03x). MADV_HUGEPAGE was tried too and not kept: fast
-// only while the VM's host already backs the memory (docs/benchmarks.md,
+// only while the VM's host already backs the memory (docs/restart.md,
 // "Allocating and first-touching fresh memory"). Leaves under kPrefaultMin
 // are left to the reads: too small to pay for the call. So are leaves saved
 // in several shards (by several processes): their reads go file by file,

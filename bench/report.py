@@ -4,6 +4,7 @@ be re-made from a results.json:
 
   python3 bench/report.py docs/benchmarks/results.json [OUT_DIR]
 """
+import importlib
 import json
 import os
 import re
@@ -349,23 +350,17 @@ def markdown(res, plots, method=True):
                     e["error"].split("exited 1: ")[-1][:400])]
             L.append("")
 
-    if res.get("python"):
-        py = res["python"]
-        if py.get("skipped"):
-            L += ["## Python (issue 28)", "", "**Skipped**: %s." % py["skipped"], ""]
+    # Sections whose table is their own script's (bench/python_bench.py, bench/restart_bench.py).
+    for key, module, title in (("python", "python_bench", "Python (issue 28)"),
+                               ("restart", "restart_bench", "Restart from process start (issue 30)")):
+        sec = res.get(key)
+        if not sec:
+            continue
+        if sec.get("skipped"):
+            L += ["## " + title, "", "**Skipped**: %s." % sec["skipped"], ""]
         else:
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-            import python_bench  # the section's table is its own (bench/python_bench.py)
-            L += [python_bench.markdown(py)]
-
-    if res.get("restart"):
-        rs = res["restart"]
-        if rs.get("skipped"):
-            L += ["## Restart from process start (issue 30)", "", "**Skipped**: %s." % rs["skipped"], ""]
-        else:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-            import restart_bench  # the section's table is its own (bench/restart_bench.py)
-            L += [restart_bench.markdown(rs)]
+            L += [importlib.import_module(module).markdown(sec)]
 
     if method:
         L.append(METHOD)

@@ -41,11 +41,12 @@
 #include <tuple>
 
 #include "src/restore/damage.h"
+#include "src/restore/destinations.h"
 #include "src/restore/read_executor.h"
 #include "src/transform/transform.h"
+#include "src/util/box_runs.h"
 #include "src/util/crc32c.h"
 #include "src/util/populate.h"
-#include "src/util/position_table.h"
 
 namespace ckptio {
 namespace {
@@ -91,41 +92,17 @@ bool box_is_contiguous(const Box& box, const Shape& shape, uint64_t* element_off
 }
 
 // Copies a shard's C-order bytes into its box of the whole array, through
-// the leaf's transform.
+// the leaf's transform: run by run, as src/util/box_runs.h lays them out.
 Status scatter_box(const std::byte* src, const Box& box, const Shape& shape, size_t item,
                    const PieceTransform& tf, std::byte* dst) {
-  const size_t r = box.rank();
-  if (r == 0) return tf.apply(src, dst, item);
-  Shape ext = box.extent();
-  for (int64_t e : ext)
-    if (e == 0) return Status::OK();
-  // Innermost contiguous run: the last dim (merge full trailing dims).
-  size_t inner = r - 1;
-  uint64_t run = static_cast<uint64_t>(ext[inner]) * item;
-  while (inner > 0 && box.start[inner] == 0 && box.stop[inner] == shape[inner]) {
-    --inner;
-    run *= static_cast<uint64_t>(ext[inner]);
-  }
-  // Strides of the whole array, in bytes.
-  std::vector<uint64_t> stride(r);
-  uint64_t s = item;
-  for (size_t d = r; d-- > 0;) { stride[d] = s; s *= static_cast<uint64_t>(shape[d]); }
-  std::vector<int64_t> idx(box.start.begin(), box.start.begin() + inner);
-  for (;;) {
-    uint64_t off = 0;
-    for (size_t d = 0; d < inner; ++d) off += static_cast<uint64_t>(idx[d]) * stride[d];
-    off += static_cast<uint64_t>(box.start[inner]) * stride[inner];
-    CKPTIO_RETURN_IF_ERROR(tf.apply(src, dst + tf.out_offset(off), run));
-    src += run;
-    size_t d = inner;
-    while (d > 0) {
-      --d;
-      if (++idx[d] < box.stop[d]) break;
-      idx[d] = box.start[d];
-      if (d == 0) return Status::OK();
-    }
-    if (inner == 0) return Status::OK();
-  }
+  if (box.rank() == 0) return tf.apply(src, dst, item);
+  if (box_is_empty(box)) return Status::OK();
+  CKPTIO_ASSIGN_OR_RETURN(RunLayout layout, run_layout(box, 0, box, Box::whole(shape), item));
+  Status st;
+  for_each_run(layout, [&](uint64_t from, uint64_t to, uint64_t n) {
+    if (st.ok()) st = tf.apply(src + from, dst + tf.out_offset(to), n);
+  });
+  return st;
 }
 
 struct ShardTask {
@@ -163,53 +140,6 @@ struct Group {
   Buffer slab;                 // direct, leaves restore allocates: all of them
   std::byte* bytes = nullptr;  // direct: where byte `offset` lands
 };
-
-}  // namespace
-
-// The caller's destinations per selected leaf (a later one for the same
-// leaf wins), refused before any read if one is of the wrong size. Usually
-// the caller lists every selected leaf in the order the index does: then
-// each destination is its leaf's, none repeats (the index's names are
-// unique), and no table is needed.
-Result<std::vector<const RestoreOptions::Destination*>> match_destinations(
-    const std::vector<std::pair<std::string, LeafRecord*>>& selected,
-    const std::vector<RestoreOptions::Destination>& into) {
-  std::vector<const RestoreOptions::Destination*> dests(into.empty() ? 0 : selected.size());
-  size_t wrong_size = SIZE_MAX;  // the first leaf whose destination is of the wrong size
-  bool in_order = into.size() == selected.size();
-  for (size_t i = 0; in_order && i < into.size(); ++i) {  // one pass over names and sizes
-    const LeafRecord& leaf = *selected[i].second;
-    in_order = into[i].path == leaf.path && into[i].prefix == selected[i].first;
-    if (wrong_size == SIZE_MAX && into[i].size != leaf.num_bytes()) wrong_size = i;
-    dests[i] = &into[i];
-  }
-  if (!in_order) {
-    wrong_size = SIZE_MAX;
-    PositionTable destinations(into.size());
-    for (size_t i = 0; i < into.size(); ++i)
-      destinations.slot(hash_names(into[i].prefix, into[i].path), [&](size_t j) {
-        return into[j].path == into[i].path && into[j].prefix == into[i].prefix;
-      }) = i + 1;
-    for (size_t i = 0; i < dests.size(); ++i) {
-      const std::string& prefix = selected[i].first;  // (not a structured binding: clang 14 cannot capture one)
-      const LeafRecord* leaf = selected[i].second;
-      const size_t slot = destinations.slot(hash_names(prefix, leaf->path), [&](size_t j) {
-        return into[j].path == leaf->path && into[j].prefix == prefix;
-      });
-      dests[i] = slot ? &into[slot - 1] : nullptr;
-      if (wrong_size == SIZE_MAX && dests[i] && dests[i]->size != leaf->num_bytes()) wrong_size = i;
-    }
-  }
-  if (wrong_size != SIZE_MAX) {
-    const auto& [prefix, leaf] = selected[wrong_size];
-    return invalid_argument("restore destination for " + leaf_name(prefix, *leaf) + " holds " +
-                            std::to_string(dests[wrong_size]->size) + " bytes, the leaf has " +
-                            std::to_string(leaf->num_bytes()));
-  }
-  return dests;
-}
-
-namespace {
 
 uint64_t selected_bytes(const std::vector<std::pair<std::string, LeafRecord*>>& selected) {
   uint64_t n = 0;

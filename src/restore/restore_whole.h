@@ -19,14 +19,6 @@ namespace ckptio {
 // step's directory ("run-5"); `index` is the step's, whose leaf records
 // `selected` points into: their paths, shapes and shards are taken from it
 // as the leaves complete.
-// RestoreOptions::into matched to the selected leaves: per selected leaf its
-// destination or nullptr (an empty vector when `into` is empty). A later
-// entry for the same leaf wins; one whose size is not the leaf's is refused
-// (kInvalidArgument) before any read.
-Result<std::vector<const RestoreOptions::Destination*>> match_destinations(
-    const std::vector<std::pair<std::string, LeafRecord*>>& selected,
-    const std::vector<RestoreOptions::Destination>& into);
-
 Status restore_whole(Storage& storage, const std::string& step_dir, const Index& index,
                      const std::vector<std::pair<std::string, LeafRecord*>>& selected,
                      const RestoreOptions& options, RestoredState* out);

@@ -19,7 +19,7 @@
 #include "src/layout/zarr/zarray.h"
 #include "src/restore/damage.h"
 #include "src/restore/read_executor.h"
-#include "src/restore/restore_whole.h"
+#include "src/restore/destinations.h"
 #include "src/restore/targets.h"
 #include "src/transform/transform.h"
 #include "src/util/box_runs.h"

@@ -120,6 +120,67 @@ std::optional<int64_t> parse_iso8601_ns(const std::string& text) {
   return std::nullopt;
 }
 
+namespace {
+
+// metadata.json into `index`: its timestamp as the step's times, its text as
+// the step's metadata (eformer / EasyDeL wrote it; kept as is).
+Status read_step_metadata(Storage& storage, const std::string& head, int64_t step, Index* index) {
+  const std::string key = head + std::string(kEformerMetadataName);
+  auto text = storage.get(key, kMaxMetadataBytes);
+  if (!text.ok()) return text.status().annotate("read " + storage.describe() + "/" + key);
+  auto meta = parse_eformer_metadata(*text);
+  if (!meta.ok()) return meta.status().annotate(storage.describe() + "/" + key);
+  if (meta->step && *meta->step != step)
+    return data_loss(storage.describe() + "/" + key + ": says step " + std::to_string(*meta->step) +
+                     ", but its directory names step " + std::to_string(step));
+  if (meta->timestamp)
+    if (auto ns = parse_iso8601_ns(*meta->timestamp)) index->committed_unix_ns = index->created_unix_ns = *ns;
+  index->metadata_json = *text;
+  while (!index->metadata_json.empty() &&
+         (index->metadata_json.back() == '\n' || index->metadata_json.back() == ' '))
+    index->metadata_json.pop_back();
+  return Status::OK();
+}
+
+// Each listed object to its array and chunk: an array's directory is a
+// prefix of the key ending at a '/'; arrays never nest (check_array_path).
+// The leaves are in `index` already, in the order of `arrays` per prefix.
+void attach_chunks(const Listed& listed, const std::string& head,
+                   const std::vector<std::pair<std::string, EformerArray>>& arrays,
+                   const std::unordered_map<std::string, size_t>& by_dir, const std::vector<ZArray>& parsed,
+                   std::map<std::string, size_t>& prefix_at, Index* out) {
+  Index& index = *out;
+  std::vector<LeafRecord*> leaf_of(arrays.size());
+  {
+    std::map<std::string, size_t> next;
+    for (size_t i = 0; i < arrays.size(); ++i) {
+      PrefixRecord& p = index.prefixes[prefix_at[arrays[i].first]];
+      leaf_of[i] = &p.leaves[next[arrays[i].first]++];
+    }
+  }
+  for (const ListEntry* e : listed.all) {
+    const std::string rel = e->key.substr(head.size());
+    for (size_t slash = rel.find('/'); slash != std::string::npos; slash = rel.find('/', slash + 1)) {
+      auto it = by_dir.find(rel.substr(0, slash));
+      if (it == by_dir.end()) continue;
+      const ZArray& z = parsed[it->second];
+      auto chunk = parse_chunk_key(z, std::string_view(rel).substr(slash + 1));
+      if (chunk) {
+        ShardRecord s;
+        s.box = chunk_valid_box(z, *chunk);
+        s.file = rel;
+        s.offset = 0;
+        s.length = e->size;
+        leaf_of[it->second]->shards.push_back(std::move(s));
+        index.files.push_back(DataFileRecord{rel, e->size});
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace
+
 Result<std::optional<Index>> load_eformer_step(Storage& storage, const std::string& dir, int64_t step) {
   const std::string head = dir + "/";
   CKPTIO_ASSIGN_OR_RETURN(ListResult objs, storage.list(head, /*delimiter=*/false));
@@ -145,22 +206,7 @@ Result<std::optional<Index>> load_eformer_step(Storage& storage, const std::stri
   Index index;
   index.layout = kEformerLayout;
   index.step = step;
-  {
-    const std::string key = head + std::string(kEformerMetadataName);
-    auto text = storage.get(key, kMaxMetadataBytes);
-    if (!text.ok()) return text.status().annotate("read " + storage.describe() + "/" + key);
-    auto meta = parse_eformer_metadata(*text);
-    if (!meta.ok()) return meta.status().annotate(storage.describe() + "/" + key);
-    if (meta->step && *meta->step != step)
-      return data_loss(storage.describe() + "/" + key + ": says step " + std::to_string(*meta->step) +
-                       ", but its directory names step " + std::to_string(step));
-    if (meta->timestamp)
-      if (auto ns = parse_iso8601_ns(*meta->timestamp)) index.committed_unix_ns = index.created_unix_ns = *ns;
-    // The metadata eformer / EasyDeL wrote is the step's metadata, as is.
-    index.metadata_json = *text;
-    while (!index.metadata_json.empty() && (index.metadata_json.back() == '\n' || index.metadata_json.back() == ' '))
-      index.metadata_json.pop_back();
-  }
+  CKPTIO_RETURN_IF_ERROR(read_step_metadata(storage, head, step, &index));
 
   CKPTIO_ASSIGN_OR_RETURN(auto arrays, read_indexes(storage, dir, listed));
 
@@ -218,35 +264,7 @@ Result<std::optional<Index>> load_eformer_step(Storage& storage, const std::stri
     index.prefixes[pit->second].leaves.push_back(std::move(leaf));
     parsed[i] = std::move(*z);
   }
-  // Each listed object to its array and chunk: an array's directory is a
-  // prefix of the key ending at a '/'; arrays never nest (check_array_path).
-  std::vector<LeafRecord*> leaf_of(arrays.size());
-  {
-    std::map<std::string, size_t> next;
-    for (size_t i = 0; i < arrays.size(); ++i) {
-      PrefixRecord& p = index.prefixes[prefix_at[arrays[i].first]];
-      leaf_of[i] = &p.leaves[next[arrays[i].first]++];
-    }
-  }
-  for (const ListEntry* e : listed.all) {
-    const std::string rel = e->key.substr(head.size());
-    for (size_t slash = rel.find('/'); slash != std::string::npos; slash = rel.find('/', slash + 1)) {
-      auto it = by_dir.find(rel.substr(0, slash));
-      if (it == by_dir.end()) continue;
-      const ZArray& z = parsed[it->second];
-      auto chunk = parse_chunk_key(z, std::string_view(rel).substr(slash + 1));
-      if (chunk) {
-        ShardRecord s;
-        s.box = chunk_valid_box(z, *chunk);
-        s.file = rel;
-        s.offset = 0;
-        s.length = e->size;
-        leaf_of[it->second]->shards.push_back(std::move(s));
-        index.files.push_back(DataFileRecord{rel, e->size});
-      }
-      break;
-    }
-  }
+  attach_chunks(listed, head, arrays, by_dir, parsed, prefix_at, &index);
   return std::optional<Index>(std::move(index));
 }
 

@@ -1,5 +1,6 @@
 // Writing one step in eformer's layout (contract in eformer_writer.h).
 #include "src/layout/zarr/eformer_writer.h"
+#include "src/layout/zarr/eformer_writer_impl.h"
 
 #include <nlohmann/json.hpp>
 
@@ -40,10 +41,6 @@ constexpr uint64_t kMaxChunksPerArray = 1ull << 32;
 
 uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
-std::span<const std::byte> as_bytes(const std::string& s) {
-  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
-}
-
 // A buffer of `size` bytes followed by zeros up to a multiple of kAlign.
 Buffer padded_buffer(uint64_t size) {
   Buffer b = Buffer::allocate(round_up(std::max<uint64_t>(size, 1), kAlign), kAlign);
@@ -64,11 +61,6 @@ Result<std::string> extra_members(const std::string& text) {
     out += ", " + Json(key).dump(-1, ' ', true) + ": " + value.dump(-1, ' ', true);
   }
   return out;
-}
-
-std::string parent_of(const std::string& key) {
-  const size_t slash = key.rfind('/');
-  return slash == std::string::npos ? std::string() : key.substr(0, slash);
 }
 
 // The C-order bytes of chunk `idx` (its full box, zeros past the shape) out
@@ -126,102 +118,6 @@ std::string python_isoformat_local(int64_t unix_ns) {
   if (micros != 0) std::snprintf(buf + n, sizeof buf - n, ".%06ld", micros);
   return buf;
 }
-
-// ---- State --------------------------------------------------------------------
-
-struct EformerStepWriter::Impl {
-  struct Array {
-    std::string prefix, path, dir;  // dir: the array's directory under the step
-    ZArray z;
-    std::vector<bool> written;      // per chunk, C order over the grid
-    uint64_t written_count = 0;
-    std::string name() const { return prefix.empty() ? path : prefix + "/" + path; }
-  };
-  struct EncodeJob {
-    std::string key;
-    Buffer raw;         // the full chunk, padded
-    uint64_t bytes = 0; // the chunk's bytes (ZArray::chunk_bytes)
-  };
-  // A chunk ready to be written: `size` bytes at data.data(), kept alive by
-  // data (or owner); `held` bytes of memory counted in pending.
-  struct Encoded {
-    Buffer data;
-    std::shared_ptr<const void> owner;
-    uint64_t size = 0;
-    uint64_t held = 0;
-  };
-  struct IoJob {
-    std::function<Status()> run;
-    uint64_t reserved = 0;  // of pending, released when done
-  };
-  enum class State { kOpen, kCommitting, kCommitted, kAborted };
-
-  Storage& storage;
-  AttemptPaths paths;
-  int64_t step;
-  EformerWriteOptions options;
-  std::string extra;  // metadata.json's extra members
-
-  std::mutex mu;
-  std::condition_variable encode_cv, io_cv, progress_cv;
-  std::vector<Array> arrays;
-  std::map<std::string, size_t> by_dir;
-  std::deque<EncodeJob> encode_q;
-  std::deque<IoJob> io_q;
-  uint64_t pending = 0;      // bytes of chunk buffers held (queued, encoding, writing)
-  uint64_t outstanding = 0;  // jobs queued or running
-  Status first_error;
-  bool stopping = false;
-  State state = State::kOpen;
-  std::vector<std::thread> threads;
-
-  Impl(Storage& s, AttemptPaths p, int64_t st, EformerWriteOptions o, std::string e)
-      : storage(s), paths(std::move(p)), step(st), options(std::move(o)), extra(std::move(e)) {}
-
-  std::string key_of(const std::string& rel) const { return paths.stage_dir + "/" + rel; }
-
-  void fail(const Status& s) {
-    std::lock_guard lock(mu);
-    if (first_error.ok()) first_error = s;
-    progress_cv.notify_all();
-  }
-  Status error() {
-    std::lock_guard lock(mu);
-    return first_error;
-  }
-  // One job done: its reservation released.
-  void job_done(uint64_t reserved) {
-    std::lock_guard lock(mu);
-    pending -= reserved;
-    --outstanding;
-    progress_cv.notify_all();
-  }
-  void push_io(std::function<Status()> run, uint64_t reserved, bool counted) {
-    std::lock_guard lock(mu);
-    if (!counted) ++outstanding;
-    io_q.push_back(IoJob{std::move(run), reserved});
-    io_cv.notify_one();
-  }
-  void drain() {
-    std::unique_lock lock(mu);
-    progress_cv.wait(lock, [&] { return outstanding == 0; });
-  }
-
-  void start_threads();
-  void stop_threads();
-  void encoder_loop();
-  Encoded take_encoded(std::vector<std::byte>& out);
-  void io_loop();
-  Status write_object(const std::string& key, const Buffer& data, uint64_t size);
-  Status reserve(uint64_t n);
-  Status check_coverage();
-  Status write_index();
-  Status sync_dirs();
-  Result<std::string> metadata_text() const;
-  Status publish(const std::string& metadata, bool* keep);
-  Status publish_object_store(const std::string& metadata, bool* keep);
-  void discard();
-};
 
 // ---- Threads ------------------------------------------------------------------
 
@@ -361,131 +257,6 @@ Status EformerStepWriter::Impl::reserve(uint64_t n) {
   if (!first_error.ok()) return first_error;
   pending += n;
   return Status::OK();
-}
-
-// ---- Commit -------------------------------------------------------------------
-
-Status EformerStepWriter::Impl::check_coverage() {
-  for (const Array& a : arrays) {
-    if (a.written_count == a.z.num_chunks) continue;
-    uint64_t flat = 0;
-    while (flat < a.written.size() && a.written[flat]) ++flat;
-    std::vector<uint64_t> idx(a.z.grid.size());
-    for (size_t d = idx.size(); d-- > 0;) {
-      idx[d] = flat % a.z.grid[d];
-      flat /= a.z.grid[d];
-    }
-    const std::string key = chunk_key(a.z, idx);
-    return Status(Code::kFailedPrecondition,
-                  "array " + a.name() + ": chunk " + key + " (" + a.dir + "/" + key + ") was never written; " +
-                      std::to_string(a.z.num_chunks - a.written_count) + " of " + std::to_string(a.z.num_chunks) +
-                      " chunks missing");
-  }
-  return Status::OK();
-}
-
-Status EformerStepWriter::Impl::write_index() {
-  EformerIndex index;
-  for (const Array& a : arrays) {
-    EformerArray e{a.dir, a.z.shape, "", a.z.dtype};
-    if (a.prefix.empty()) {
-      if (!index.arrays) index.arrays.emplace();
-      index.arrays->push_back(std::move(e));
-      continue;
-    }
-    auto it = std::find_if(index.prefixes.begin(), index.prefixes.end(),
-                           [&](const EformerPrefix& p) { return p.name == a.prefix; });
-    if (it == index.prefixes.end()) it = index.prefixes.insert(index.prefixes.end(), EformerPrefix{a.prefix, {}});
-    it->arrays.push_back(std::move(e));
-  }
-  const std::string key = key_of(std::string(kEformerIndexName));
-  return storage.put(key, as_bytes(serialize_eformer_index(index))).annotate("write " + storage.describe() + "/" + key);
-}
-
-// POSIX: fsyncs every directory the step created, on the I/O threads.
-Status EformerStepWriter::Impl::sync_dirs() {
-  std::set<std::string> dirs = {""};
-  auto add_with_parents = [&](std::string d) {
-    while (!d.empty() && dirs.insert(d).second) d = parent_of(d);
-  };
-  for (const Array& a : arrays) {
-    add_with_parents(a.dir);
-    if (a.z.separator != '/' || a.z.grid.size() < 2) continue;
-    ChunkRange all{std::vector<uint64_t>(a.z.grid.size(), 0), a.z.grid, a.z.num_chunks};
-    for_each_chunk(all, [&](std::span<const uint64_t> idx) { add_with_parents(a.dir + "/" + parent_of(chunk_key(a.z, idx))); });
-  }
-  for (const std::string& d : dirs) {
-    const std::string prefix = paths.stage_dir + "/" + (d.empty() ? "" : d + "/");
-    push_io([this, prefix] { return storage.sync(prefix).annotate("sync " + storage.describe() + "/" + prefix); }, 0,
-            /*counted=*/false);
-  }
-  drain();
-  return error();
-}
-
-Result<std::string> EformerStepWriter::Impl::metadata_text() const {
-  EformerStepMetadata m;
-  m.step = step;
-  m.timestamp = python_isoformat_local(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count());
-  m.is_temporary = options.is_temporary;
-  std::string text = serialize_eformer_metadata(m);
-  if (text.empty() || text.back() != '}') return internal_error("metadata.json does not end in '}': " + text);
-  text.insert(text.size() - 1, extra);
-  return text;
-}
-
-// Object stores: metadata.json PUT last, settled by reading it back when the
-// PUT's outcome is unclear (as commit.cc settles an index). *keep: leave the
-// step's objects (they may be committed, or be another writer's).
-Status EformerStepWriter::Impl::publish_object_store(const std::string& metadata, bool* keep) {
-  const std::string key = paths.final_dir + "/" + std::string(kEformerMetadataName);
-  const std::span<const std::byte> bytes = as_bytes(metadata);
-  Status put = options.overwrite ? storage.put(key, bytes) : storage.put_new(key, bytes);
-  if (put.ok()) return put;
-  put = put.annotate("write " + storage.describe() + "/" + key);
-  const bool refused = put.code() == Code::kAlreadyExists;
-  const bool maybe = put.code() == Code::kUnavailable || put.code() == Code::kIOError ||
-                     put.code() == Code::kInternal || put.code() == Code::kCancelled;
-  auto already = [&] {
-    *keep = true;  // another writer committed this step into the same prefix meanwhile
-    return Status(Code::kAlreadyExists, "step " + paths.final_dir + " was committed by another writer meanwhile");
-  };
-  if (!refused && !maybe) return put;
-  auto there = storage.get(key, bytes.size());
-  if (there.ok()) return *there == metadata ? Status::OK() : refused ? already() : put;
-  const Code code = there.status().code();
-  if (code == Code::kNotFound || code == Code::kInvalidArgument) return refused ? already() : put;
-  *keep = true;
-  return put.annotate("step " + paths.final_dir + " may or may not be committed (its metadata.json could not be "
-                      "read back: " + there.status().to_string() + "); its objects are left");
-}
-
-Status EformerStepWriter::Impl::publish(const std::string& metadata, bool* keep) {
-  if (!paths.renames) return publish_object_store(metadata, keep);
-  const std::string key = key_of(std::string(kEformerMetadataName));
-  CKPTIO_RETURN_IF_ERROR(storage.put(key, as_bytes(metadata)).annotate("write " + storage.describe() + "/" + key));
-  CKPTIO_RETURN_IF_ERROR(publish_attempt(storage, paths, metadata, options.overwrite));
-  const std::string parent = parent_of(paths.final_dir);  // publish_attempt synced the root
-  if (!parent.empty()) CKPTIO_RETURN_IF_ERROR(storage.sync(parent + "/").annotate("commit " + paths.final_dir));
-  return Status::OK();
-}
-
-// Drops queued work, waits for running jobs, removes what was written.
-void EformerStepWriter::Impl::discard() {
-  {
-    std::lock_guard lock(mu);
-    if (first_error.ok()) first_error = Status(Code::kCancelled, "step " + paths.final_dir + " aborted");
-    for (const EncodeJob& j : encode_q) pending -= j.raw.size();
-    for (const IoJob& j : io_q) pending -= j.reserved;
-    outstanding -= encode_q.size() + io_q.size();
-    encode_q.clear();
-    io_q.clear();
-    progress_cv.notify_all();
-  }
-  drain();
-  (void)storage.remove_prefix(paths.stage_dir + "/");
 }
 
 // ---- Public -------------------------------------------------------------------

@@ -1,0 +1,135 @@
+// Committing one step in eformer's layout, or discarding it (the writer's
+// state: eformer_writer_impl.h; the contract: eformer_writer.h).
+#include <set>
+
+#include "src/layout/layout.h"
+#include "src/layout/zarr/chunk_grid.h"
+#include "src/layout/zarr/eformer_index.h"
+#include "src/layout/zarr/eformer_writer_impl.h"
+
+namespace ckptio::zarr {
+
+Status EformerStepWriter::Impl::check_coverage() {
+  for (const Array& a : arrays) {
+    if (a.written_count == a.z.num_chunks) continue;
+    uint64_t flat = 0;
+    while (flat < a.written.size() && a.written[flat]) ++flat;
+    std::vector<uint64_t> idx(a.z.grid.size());
+    for (size_t d = idx.size(); d-- > 0;) {
+      idx[d] = flat % a.z.grid[d];
+      flat /= a.z.grid[d];
+    }
+    const std::string key = chunk_key(a.z, idx);
+    return Status(Code::kFailedPrecondition,
+                  "array " + a.name() + ": chunk " + key + " (" + a.dir + "/" + key + ") was never written; " +
+                      std::to_string(a.z.num_chunks - a.written_count) + " of " + std::to_string(a.z.num_chunks) +
+                      " chunks missing");
+  }
+  return Status::OK();
+}
+
+Status EformerStepWriter::Impl::write_index() {
+  EformerIndex index;
+  for (const Array& a : arrays) {
+    EformerArray e{a.dir, a.z.shape, "", a.z.dtype};
+    if (a.prefix.empty()) {
+      if (!index.arrays) index.arrays.emplace();
+      index.arrays->push_back(std::move(e));
+      continue;
+    }
+    auto it = std::find_if(index.prefixes.begin(), index.prefixes.end(),
+                           [&](const EformerPrefix& p) { return p.name == a.prefix; });
+    if (it == index.prefixes.end()) it = index.prefixes.insert(index.prefixes.end(), EformerPrefix{a.prefix, {}});
+    it->arrays.push_back(std::move(e));
+  }
+  const std::string key = key_of(std::string(kEformerIndexName));
+  return storage.put(key, as_bytes(serialize_eformer_index(index))).annotate("write " + storage.describe() + "/" + key);
+}
+
+// POSIX: fsyncs every directory the step created, on the I/O threads.
+Status EformerStepWriter::Impl::sync_dirs() {
+  std::set<std::string> dirs = {""};
+  auto add_with_parents = [&](std::string d) {
+    while (!d.empty() && dirs.insert(d).second) d = parent_of(d);
+  };
+  for (const Array& a : arrays) {
+    add_with_parents(a.dir);
+    if (a.z.separator != '/' || a.z.grid.size() < 2) continue;
+    ChunkRange all{std::vector<uint64_t>(a.z.grid.size(), 0), a.z.grid, a.z.num_chunks};
+    for_each_chunk(all, [&](std::span<const uint64_t> idx) { add_with_parents(a.dir + "/" + parent_of(chunk_key(a.z, idx))); });
+  }
+  for (const std::string& d : dirs) {
+    const std::string prefix = paths.stage_dir + "/" + (d.empty() ? "" : d + "/");
+    push_io([this, prefix] { return storage.sync(prefix).annotate("sync " + storage.describe() + "/" + prefix); }, 0,
+            /*counted=*/false);
+  }
+  drain();
+  return error();
+}
+
+Result<std::string> EformerStepWriter::Impl::metadata_text() const {
+  EformerStepMetadata m;
+  m.step = step;
+  m.timestamp = python_isoformat_local(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  m.is_temporary = options.is_temporary;
+  std::string text = serialize_eformer_metadata(m);
+  if (text.empty() || text.back() != '}') return internal_error("metadata.json does not end in '}': " + text);
+  text.insert(text.size() - 1, extra);
+  return text;
+}
+
+// Object stores: metadata.json PUT last, settled by reading it back when the
+// PUT's outcome is unclear (as commit.cc settles an index). *keep: leave the
+// step's objects (they may be committed, or be another writer's).
+Status EformerStepWriter::Impl::publish_object_store(const std::string& metadata, bool* keep) {
+  const std::string key = paths.final_dir + "/" + std::string(kEformerMetadataName);
+  const std::span<const std::byte> bytes = as_bytes(metadata);
+  Status put = options.overwrite ? storage.put(key, bytes) : storage.put_new(key, bytes);
+  if (put.ok()) return put;
+  put = put.annotate("write " + storage.describe() + "/" + key);
+  const bool refused = put.code() == Code::kAlreadyExists;
+  const bool maybe = put.code() == Code::kUnavailable || put.code() == Code::kIOError ||
+                     put.code() == Code::kInternal || put.code() == Code::kCancelled;
+  auto already = [&] {
+    *keep = true;  // another writer committed this step into the same prefix meanwhile
+    return Status(Code::kAlreadyExists, "step " + paths.final_dir + " was committed by another writer meanwhile");
+  };
+  if (!refused && !maybe) return put;
+  auto there = storage.get(key, bytes.size());
+  if (there.ok()) return *there == metadata ? Status::OK() : refused ? already() : put;
+  const Code code = there.status().code();
+  if (code == Code::kNotFound || code == Code::kInvalidArgument) return refused ? already() : put;
+  *keep = true;
+  return put.annotate("step " + paths.final_dir + " may or may not be committed (its metadata.json could not be "
+                      "read back: " + there.status().to_string() + "); its objects are left");
+}
+
+Status EformerStepWriter::Impl::publish(const std::string& metadata, bool* keep) {
+  if (!paths.renames) return publish_object_store(metadata, keep);
+  const std::string key = key_of(std::string(kEformerMetadataName));
+  CKPTIO_RETURN_IF_ERROR(storage.put(key, as_bytes(metadata)).annotate("write " + storage.describe() + "/" + key));
+  CKPTIO_RETURN_IF_ERROR(publish_attempt(storage, paths, metadata, options.overwrite));
+  const std::string parent = parent_of(paths.final_dir);  // publish_attempt synced the root
+  if (!parent.empty()) CKPTIO_RETURN_IF_ERROR(storage.sync(parent + "/").annotate("commit " + paths.final_dir));
+  return Status::OK();
+}
+
+// Drops queued work, waits for running jobs, removes what was written.
+void EformerStepWriter::Impl::discard() {
+  {
+    std::lock_guard lock(mu);
+    if (first_error.ok()) first_error = Status(Code::kCancelled, "step " + paths.final_dir + " aborted");
+    for (const EncodeJob& j : encode_q) pending -= j.raw.size();
+    for (const IoJob& j : io_q) pending -= j.reserved;
+    outstanding -= encode_q.size() + io_q.size();
+    encode_q.clear();
+    io_q.clear();
+    progress_cv.notify_all();
+  }
+  drain();
+  (void)storage.remove_prefix(paths.stage_dir + "/");
+}
+
+}  // namespace ckptio::zarr

@@ -1,0 +1,128 @@
+// The state of one EformerStepWriter, shared by its two files:
+// eformer_writer.cc (start, chunks, the encoder and I/O threads) and
+// eformer_commit.cc (the coverage check, the index, the directories'
+// fsyncs, metadata.json published last, and discard).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/layout/zarr/eformer_writer.h"
+#include "src/layout/zarr/zarray.h"
+#include "src/save/commit.h"
+
+namespace ckptio::zarr {
+
+inline std::span<const std::byte> as_bytes(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+// "a/b/c" -> "a/b"; "a" -> "".
+inline std::string parent_of(const std::string& key) {
+  const size_t slash = key.rfind('/');
+  return slash == std::string::npos ? std::string() : key.substr(0, slash);
+}
+
+struct EformerStepWriter::Impl {
+  struct Array {
+    std::string prefix, path, dir;  // dir: the array's directory under the step
+    ZArray z;
+    std::vector<bool> written;      // per chunk, C order over the grid
+    uint64_t written_count = 0;
+    std::string name() const { return prefix.empty() ? path : prefix + "/" + path; }
+  };
+  struct EncodeJob {
+    std::string key;
+    Buffer raw;         // the full chunk, padded
+    uint64_t bytes = 0; // the chunk's bytes (ZArray::chunk_bytes)
+  };
+  // A chunk ready to be written: `size` bytes at data.data(), kept alive by
+  // data (or owner); `held` bytes of memory counted in pending.
+  struct Encoded {
+    Buffer data;
+    std::shared_ptr<const void> owner;
+    uint64_t size = 0;
+    uint64_t held = 0;
+  };
+  struct IoJob {
+    std::function<Status()> run;
+    uint64_t reserved = 0;  // of pending, released when done
+  };
+  enum class State { kOpen, kCommitting, kCommitted, kAborted };
+
+  Storage& storage;
+  AttemptPaths paths;
+  int64_t step;
+  EformerWriteOptions options;
+  std::string extra;  // metadata.json's extra members
+
+  std::mutex mu;
+  std::condition_variable encode_cv, io_cv, progress_cv;
+  std::vector<Array> arrays;
+  std::map<std::string, size_t> by_dir;
+  std::deque<EncodeJob> encode_q;
+  std::deque<IoJob> io_q;
+  uint64_t pending = 0;      // bytes of chunk buffers held (queued, encoding, writing)
+  uint64_t outstanding = 0;  // jobs queued or running
+  Status first_error;
+  bool stopping = false;
+  State state = State::kOpen;
+  std::vector<std::thread> threads;
+
+  Impl(Storage& s, AttemptPaths p, int64_t st, EformerWriteOptions o, std::string e)
+      : storage(s), paths(std::move(p)), step(st), options(std::move(o)), extra(std::move(e)) {}
+
+  std::string key_of(const std::string& rel) const { return paths.stage_dir + "/" + rel; }
+
+  void fail(const Status& s) {
+    std::lock_guard lock(mu);
+    if (first_error.ok()) first_error = s;
+    progress_cv.notify_all();
+  }
+  Status error() {
+    std::lock_guard lock(mu);
+    return first_error;
+  }
+  // One job done: its reservation released.
+  void job_done(uint64_t reserved) {
+    std::lock_guard lock(mu);
+    pending -= reserved;
+    --outstanding;
+    progress_cv.notify_all();
+  }
+  void push_io(std::function<Status()> run, uint64_t reserved, bool counted) {
+    std::lock_guard lock(mu);
+    if (!counted) ++outstanding;
+    io_q.push_back(IoJob{std::move(run), reserved});
+    io_cv.notify_one();
+  }
+  void drain() {
+    std::unique_lock lock(mu);
+    progress_cv.wait(lock, [&] { return outstanding == 0; });
+  }
+
+  void start_threads();
+  void stop_threads();
+  void encoder_loop();
+  Encoded take_encoded(std::vector<std::byte>& out);
+  void io_loop();
+  Status write_object(const std::string& key, const Buffer& data, uint64_t size);
+  Status reserve(uint64_t n);
+  Status check_coverage();
+  Status write_index();
+  Status sync_dirs();
+  Result<std::string> metadata_text() const;
+  Status publish(const std::string& metadata, bool* keep);
+  Status publish_object_store(const std::string& metadata, bool* keep);
+  void discard();
+};
+
+}  // namespace ckptio::zarr

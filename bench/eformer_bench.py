@@ -4,6 +4,10 @@
   PYTHONPATH=<build>/python /usr/bin/python3 bench/eformer_bench.py \\
       [--bytes 1G] [--reps 3] [--dir /var/tmp/ckptio-eformer-bench] [--json out.json]
 
+(also `bench/run-all --only eformer`, which writes its section of
+docs/benchmarks.md from --json through markdown() below). --dir is removed
+and made anew.
+
 A state shaped as a transformer's (bfloat16 parameters, float32 optimizer
 moments; values normal(0, 0.02) as trained weights are, not random bytes) is
 written as eformer writes it from an 8-device data-parallel mesh: one zarr
@@ -41,7 +45,11 @@ GiB = 1 << 30
 
 
 def parse_bytes(s):
+    """"1G", "1GiB", "256M", "256MiB", "4096"."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    s = s.strip()
+    if s.lower().endswith("ib"):
+        s = s[:-2]
     return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
 
 
@@ -214,6 +222,7 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--ckptio", default=os.path.join(os.path.dirname(HERE), "build", "bin", "ckptio"))
     a = ap.parse_args()
+    started, t_start, load_start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.time(), loadavg()
     try:
         import ckptio  # noqa: F401
     except ImportError as e:
@@ -289,9 +298,68 @@ def main():
           f"hold {touched} B: {rs['bytes_read'] / touched:.3f}x (target <= 1.02x)")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"raw_bytes": raw, "stored_bytes": stored, "zarr_write_seconds": w["seconds"],
-                       "restore_seconds": rows, "ckptio_write_seconds": writes, "ckptio_save_seconds": saves, "cpu_seconds": cpu, "reshard_bytes_read": rs["bytes_read"],
-                       "reshard_touched_bytes": touched}, f, indent=2)
+            json.dump({"command": " ".join(["bench/eformer_bench.py"] + sys.argv[1:]), "date": started,
+                       "seconds": time.time() - t_start, "load_start": load_start, "load_end": loadavg(),
+                       "leaves": len(plan), "reps": a.reps, "cold_cache": cold,
+                       "raw_bytes": raw, "stored_bytes": stored, "zarr_write_seconds": w["seconds"],
+                       "restore_seconds": rows, "ckptio_write_seconds": writes, "ckptio_save_seconds": saves,
+                       "cpu_seconds": cpu, "reshard_bytes_read": rs["bytes_read"],
+                       "reshard_touched_bytes": touched, "errors": []}, f, indent=2)
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def markdown(res, level="##"):
+    """docs/benchmarks.md's section from the JSON of --json."""
+    raw, med = res["raw_bytes"], statistics.median
+    gib = raw / GiB
+    rest = {k: med(v) for k, v in res["restore_seconds"].items()}
+    cp, save, zw = med(res["ckptio_write_seconds"]), med(res["ckptio_save_seconds"]), res["zarr_write_seconds"]
+
+    def runs(v):
+        return ", ".join("%.2f" % x for x in v)
+
+    def verdict(ratio, goal):
+        return "met" if ratio >= goal else "**NOT MET**"
+
+    reshard = res["reshard_bytes_read"] / res["reshard_touched_bytes"]
+    L = ["%s eformer / TensorStore zarr steps (issue 29)" % level, "",
+         "Command: `PYTHONPATH=<build>/python /usr/bin/python3 %s`%s  " % (
+             res["command"], " (run by `%s`)" % res["run_by"] if res.get("run_by") else ""),
+         "Date: %s (%.1f min); load average %s at the start, %s at the end  " % (
+             res["date"], res["seconds"] / 60, res["load_start"], res["load_end"]),
+         "A state of %d leaves, %.2f GiB (bfloat16 kernels [1024, 2048] and biases, float32 moments; values "
+         "normal(0, 0.02) as trained weights are), written by zarr-python as eformer writes an 8-device "
+         "data-parallel save: 8 row-band chunks per leaf, zstd level 1; %.2f GiB stored (compression ratio "
+         "%.3f)." % (res["leaves"], gib, res["stored_bytes"] / GiB, raw / res["stored_bytes"]), "",
+         "Restores: each in a fresh process after the page cache is dropped (done: **%s**), ckptio and "
+         "zarr-python alternated, timed from the process's start to the state in memory (each then checks "
+         "every leaf against the values written, untimed). Writes: every file fsynced by both." % (
+             "yes" if res["cold_cache"] else "NO"), "",
+         "| | median (s) | GB/s | runs (s) |", "|---|---|---|---|",
+         "| restore: ckptio (`CheckpointManager(base).restore()`) | %.2f | %.2f | %s |" % (
+             rest["ckptio"], raw / rest["ckptio"] / 1e9, runs(res["restore_seconds"]["ckptio"])),
+         "| restore: zarr-python (each array `z[...]`) | %.2f | %.2f | %s |" % (
+             rest["zarr"], raw / rest["zarr"] / 1e9, runs(res["restore_seconds"]["zarr"])),
+         "| write: `ckptio cp <ckptio step> DST --format eformer` (source in the page cache) | %.2f | %.2f | %s |" % (
+             cp, raw / cp / 1e9, runs(res["ckptio_write_seconds"])),
+         "| write: ckptio save, `CheckpointManager(base, layout=\"eformer\", staging=\"borrow\")`, "
+         "save() to committed, whole leaves | %.2f | %.2f | %s |" % (save, raw / save / 1e9, runs(res["ckptio_save_seconds"])),
+         "| write: zarr-python (`z[...] = a` per leaf, from memory) | %.2f | %.2f | one run |" % (zw, raw / zw / 1e9),
+         "", "| target | goal | this run | verdict |", "|---|---|---|---|",
+         "| restore ÷ zarr-python | ≥ 3 | %.2f | %s |" % (rest["zarr"] / rest["ckptio"], verdict(rest["zarr"] / rest["ckptio"], 3)),
+         "| cp --format eformer ÷ zarr-python's write | ≥ 3 | %.2f | %s |" % (zw / cp, verdict(zw / cp, 3)),
+         "| save in the eformer layout ÷ zarr-python's write | ≥ 3 | %.2f | %s |" % (zw / save, verdict(zw / save, 3)),
+         "| resharded restore (device 1 of a 2 × 2 mesh): bytes read ÷ bytes of the chunks its boxes touch | "
+         "≤ 1.02 | %.3f | %s |" % (reshard, "met" if reshard <= 1.02 else "**NOT MET**"),
+         "", "ckptio's restore used %.2f CPU seconds per GiB (user + system, the interpreter's start included). "
+         "Where the time goes, the physical bounds of two cores for zstd, and what was tried: "
+         "[history.md](benchmarks/history.md#eformer--tensorstore-zarr-steps-issue-29)." % (
+             med(res["cpu_seconds"]) / gib), ""]
+    return "\n".join(L)
 
 
 if __name__ == "__main__":

@@ -350,11 +350,16 @@ def markdown(res, plots, method=True):
                     e["error"].split("exited 1: ")[-1][:400])]
             L.append("")
 
-    # Sections whose table is their own script's (bench/python_bench.py, bench/restart_bench.py).
+    # Sections whose table is their own script's (bench/python_bench.py, bench/restart_bench.py,
+    # bench/eformer_bench.py).
     for key, module, title in (("python", "python_bench", "Python (issue 28)"),
-                               ("restart", "restart_bench", "Restart from process start (issue 30)")):
+                               ("restart", "restart_bench", "Restart from process start (issue 30)"),
+                               ("eformer", "eformer_bench", "eformer / TensorStore zarr steps (issue 29)")):
         sec = res.get(key)
         if not sec:
+            L += ["## " + title, "", "Not in the run this page comes from: `bench/run-all --only %s` adds it%s." % (
+                key, {"restart": " (the measurements so far: [restart.md](restart.md))",
+                      "eformer": " (earlier runs: [history.md](benchmarks/history.md))"}.get(key, "")), ""]
             continue
         if sec.get("skipped"):
             L += ["## " + title, "", "**Skipped**: %s." % sec["skipped"], ""]

@@ -41,11 +41,11 @@ constexpr uint64_t kMaxChunksPerArray = 1ull << 32;
 
 uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
-// A buffer of `size` bytes followed by zeros up to a multiple of kAlign.
-Buffer padded_buffer(uint64_t size) {
-  Buffer b = Buffer::allocate(round_up(std::max<uint64_t>(size, 1), kAlign), kAlign);
-  std::memset(b.data() + size, 0, b.size() - size);
-  return b;
+// The size of the buffers that hold a chunk of `chunk_bytes`, raw or encoded
+// (zstd's bound on an incompressible chunk: the size + 1/256 + a little), so
+// that one freed by either fits the next of both.
+uint64_t buffer_class(uint64_t chunk_bytes) {
+  return round_up(chunk_bytes + chunk_bytes / 128 + 4096, kAlign);
 }
 
 // metadata.json's extra members (", \"key\": value" each, Python's separators
@@ -119,6 +119,41 @@ std::string python_isoformat_local(int64_t unix_ns) {
   return buf;
 }
 
+// ---- Buffers ------------------------------------------------------------------
+
+Buffer EformerStepWriter::Impl::take_buffer(uint64_t chunk_bytes, uint64_t size) {
+  const uint64_t cls = buffer_class(chunk_bytes);
+  Buffer b;
+  if (size <= cls) {
+    std::lock_guard lock(mu);
+    auto it = free_buffers.find(cls);
+    if (it != free_buffers.end()) {
+      b = std::move(it->second);
+      pooled -= cls;
+      free_buffers.erase(it);
+    }
+  }
+  if (b.size() == 0) b = Buffer::allocate(std::max(cls, round_up(size, kAlign)), kAlign);
+  std::memset(b.data() + size, 0, round_up(std::max<uint64_t>(size, 1), kAlign) - size);
+  return b;
+}
+
+void EformerStepWriter::Impl::give_back_locked(Buffer b) {
+  const uint64_t n = b.size(), cap = options.max_pending_bytes / 4;
+  if (n == 0 || n > cap) return;
+  // Full: buffers of other sizes make room (chunk sizes change from array to
+  // array, and the pool follows the ones being written now).
+  while (pooled + n > cap) {
+    auto other = std::prev(free_buffers.end());
+    if (other->first == n) other = free_buffers.begin();
+    if (other->first == n) return;  // all of this size already
+    pooled -= other->first;
+    free_buffers.erase(other);
+  }
+  pooled += n;
+  free_buffers.emplace(n, std::move(b));
+}
+
 // ---- Threads ------------------------------------------------------------------
 
 void EformerStepWriter::Impl::start_threads() {
@@ -151,7 +186,7 @@ void EformerStepWriter::Impl::encoder_loop() {
       job = std::move(encode_q.front());
       encode_q.pop_front();
     }
-    const uint64_t raw_reserved = job.raw.size();
+    const uint64_t raw_reserved = job.raw.size();  // as write_box reserved it
     if (!error().ok()) {
       job_done(raw_reserved);
       continue;
@@ -164,14 +199,22 @@ void EformerStepWriter::Impl::encoder_loop() {
         job_done(raw_reserved);
         continue;
       }
-      e = take_encoded(out);
-      job.raw = Buffer();
+      e = take_encoded(out, job.bytes);
       std::lock_guard lock(mu);
       pending = pending - raw_reserved + e.held;
+      give_back_locked(std::move(job.raw));
       progress_cv.notify_all();
     }
-    push_io([this, key = std::move(job.key), e] { return write_object(key, e.data, e.size); }, e.held,
-            /*counted=*/true);
+    push_io(
+        [this, key = std::move(job.key), e] {
+          Status st = write_object(key, e.data, e.size);
+          if (st.ok() && !e.owner) {  // written and done with: the next chunk's
+            std::lock_guard lock(mu);
+            give_back_locked(e.data);
+          }
+          return st;
+        },
+        e.held, /*counted=*/true);
   }
 }
 
@@ -179,7 +222,8 @@ void EformerStepWriter::Impl::encoder_loop() {
 // out of `out` where the storage takes any address, else copied into an
 // aligned, padded buffer (O_DIRECT); a large scratch is then let go, so an
 // idle encoder holds no chunk-sized memory.
-EformerStepWriter::Impl::Encoded EformerStepWriter::Impl::take_encoded(std::vector<std::byte>& out) {
+EformerStepWriter::Impl::Encoded EformerStepWriter::Impl::take_encoded(std::vector<std::byte>& out,
+                                                                     uint64_t chunk_bytes) {
   Encoded e;
   e.size = out.size();
   if (storage.write_memory_alignment() <= 1) {
@@ -190,7 +234,7 @@ EformerStepWriter::Impl::Encoded EformerStepWriter::Impl::take_encoded(std::vect
     e.owner = std::move(owned);
     return e;
   }
-  e.data = padded_buffer(e.size);
+  e.data = take_buffer(chunk_bytes, e.size);
   std::memcpy(e.data.data(), out.data(), e.size);
   e.held = e.data.size();
   if (out.capacity() > kKeepScratch) out = std::vector<std::byte>();
@@ -364,10 +408,10 @@ Status EformerStepWriter::write_box(size_t id, const Box& box, std::span<const s
     z = a.z;
     dir = a.dir;
   }
-  const uint64_t reserved = round_up(z.chunk_bytes, kAlign);
+  const uint64_t reserved = buffer_class(z.chunk_bytes);
   for (const auto& idx : chunks) {
     CKPTIO_RETURN_IF_ERROR(s.reserve(reserved));
-    Impl::EncodeJob job{s.key_of(dir + "/" + chunk_key(z, idx)), padded_buffer(z.chunk_bytes), z.chunk_bytes};
+    Impl::EncodeJob job{s.key_of(dir + "/" + chunk_key(z, idx)), s.take_buffer(z.chunk_bytes, z.chunk_bytes), z.chunk_bytes};
     Status copied = copy_chunk(z, box, bytes, idx, job.raw.data());
     std::lock_guard lock(s.mu);
     if (!copied.ok()) {

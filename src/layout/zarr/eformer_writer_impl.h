@@ -71,6 +71,12 @@ struct EformerStepWriter::Impl {
   std::deque<EncodeJob> encode_q;
   std::deque<IoJob> io_q;
   uint64_t pending = 0;      // bytes of chunk buffers held (queued, encoding, writing)
+  // Chunk buffers done with, by size, handed out again (take_buffer): fresh
+  // memory for every chunk cost a page fault per 4 KiB of the step, twice
+  // (raw and encoded), and as much again to give it back. At most a quarter
+  // of options.max_pending_bytes is pooled.
+  std::multimap<uint64_t, Buffer> free_buffers;  // by size class (buffer_class)
+  uint64_t pooled = 0;
   uint64_t outstanding = 0;  // jobs queued or running
   Status first_error;
   bool stopping = false;
@@ -109,10 +115,17 @@ struct EformerStepWriter::Impl {
     progress_cv.wait(lock, [&] { return outstanding == 0; });
   }
 
+  // An aligned buffer for `size` bytes of a chunk of `chunk_bytes` (raw or
+  // encoded; zeros from `size` to the next multiple of the alignment), from
+  // the pool when one of its size class is there.
+  Buffer take_buffer(uint64_t chunk_bytes, uint64_t size);
+  // `b` back to the pool (mu held), unless the pool would hold too much.
+  void give_back_locked(Buffer b);
+
   void start_threads();
   void stop_threads();
   void encoder_loop();
-  Encoded take_encoded(std::vector<std::byte>& out);
+  Encoded take_encoded(std::vector<std::byte>& out, uint64_t chunk_bytes);
   void io_loop();
   Status write_object(const std::string& key, const Buffer& data, uint64_t size);
   Status reserve(uint64_t n);

@@ -6,6 +6,7 @@ touched, against the disk's best read and what a user would run instead.
   PYTHONPATH=<build>/python /usr/bin/python3 bench/restart_bench.py --ckptio <build>/bin/ckptio \\
       [--sizes 2GiB,half] [--repeat 3] [--dir /var/tmp] [--json FILE|-]
   bench/restart_bench.py --ckptio ... --prefault-pairs 10 --ckpt DIR   (prefault on against off only)
+  bench/restart_bench.py --ckptio ... --python-pairs 10 --ckpt DIR     (the CLI against the Python package only)
 
 After the sizes, --sharded SIZE (default 2GiB): a step saved by 8 processes
 (dim 0 of every leaf over dp=8) restarted by 1, 2 and 3 fresh processes
@@ -94,6 +95,14 @@ def leaf(tree, name):
 def child(a):
     """One contender's restore in this fresh process; prints JSON with the
     moment the state was in memory, then checks it."""
+    if a.child == "python_stats":  # --python-pairs: the restore's own time too (checksums verified inside)
+        import ckptio
+        imported = time.monotonic()
+        _, info = ckptio.CheckpointManager(a.path).restore(info=True)
+        ready = time.monotonic()
+        print(json.dumps({"ready_monotonic_s": ready, "imported_monotonic_s": imported, "verified": True,
+                          "restore_seconds": info.stats["seconds"]}))
+        return 0
     import numpy as np
     with open(a.expect) as f:
         exp = json.load(f)
@@ -503,6 +512,42 @@ def prefault_pairs(a):
     return 0
 
 
+def python_pairs(a):
+    """--python-pairs N --ckpt DIR: the CLI's `synth check DIR` and the Python
+    package's `CheckpointManager(DIR).restore()`, N pairs, alternating which
+    goes first, cold cache, fresh process each: from process start, from
+    `import ckptio` done, and the C++ restore's own seconds in each (where a
+    gap between them lies)."""
+    import statistics
+    step = max(os.listdir(a.ckpt))
+    size = sum(os.path.getsize(os.path.join(a.ckpt, step, f)) for f in os.listdir(os.path.join(a.ckpt, step))
+               if f.endswith(".bin"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (
+        os.path.join(os.path.dirname(os.path.dirname(a.ckptio)), "python"), os.environ.get("PYTHONPATH")) if p))
+    res = {k: [] for k in ("cli", "cli_restore", "python", "python_after_import", "python_restore")}
+    for r in range(a.python_pairs):
+        for who in (("cli", "python") if r % 2 == 0 else ("python", "cli")):
+            drop_caches()
+            if who == "cli":
+                s, _, j = spawn([a.ckptio, "synth", "check", a.ckpt, "--json", "--batch", str(4 * size)])
+                res["cli_restore"].append(j["restore_seconds"])
+            else:
+                s, _, j = spawn([sys.executable, os.path.abspath(__file__), "--child", "python_stats",
+                                 "--path", a.ckpt], env)
+                res["python_after_import"].append(j["ready_monotonic_s"] - j["imported_monotonic_s"])
+                res["python_restore"].append(j["restore_seconds"])
+            res[who].append(s)
+    m = {k: statistics.median(v) for k, v in res.items()}
+    print("%s, %d pairs, seconds (median, min-max): from process start CLI %s, Python %s; Python from `import "
+          "ckptio` done %s; the C++ restore's own time: in the CLI %s, in Python %s; CLI / Python: %.2f from start, "
+          "%.2f after import, %.2f restore alone" % (
+              size_name(size), a.python_pairs,
+              *["%.2f (%.2f-%.2f)" % (m[k], min(res[k]), max(res[k]))
+                for k in ("cli", "python", "python_after_import", "cli_restore", "python_restore")],
+              m["cli"] / m["python"], m["cli"] / m["python_after_import"], m["cli_restore"] / m["python_restore"]))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ckptio", default=os.path.join(ROOT, "build", "bin", "ckptio"))
@@ -514,7 +559,10 @@ def main():
                     help="size of the step saved by 8 processes and restarted by 1, 2, 3 ('' to skip)")
     ap.add_argument("--prefault-pairs", type=int, default=0, metavar="N",
                     help="only compare `synth check` with and without --no-prefault, N pairs, on --ckpt")
-    ap.add_argument("--ckpt", default=None, help="a checkpoint directory (`ckptio synth save`) for --prefault-pairs")
+    ap.add_argument("--python-pairs", type=int, default=0, metavar="N",
+                    help="only compare the CLI's restart with the Python package's, N pairs, on --ckpt")
+    ap.add_argument("--ckpt", default=None,
+                    help="a checkpoint directory (`ckptio synth save`) for --prefault-pairs / --python-pairs")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--path", default=None, help=argparse.SUPPRESS)
@@ -527,6 +575,9 @@ def main():
     if a.prefault_pairs:
         a.ckptio = os.path.abspath(a.ckptio)
         return prefault_pairs(a)
+    if a.python_pairs:
+        a.ckptio = os.path.abspath(a.ckptio)
+        return python_pairs(a)
     if not shutil.which("fio"):
         sys.exit("bench/restart: fio is missing (tools/setup-deps --bench)")
     a.ckptio = os.path.abspath(a.ckptio)

@@ -40,7 +40,7 @@ Index make_index(int leaves) {
   idx.prefixes.push_back({"model", {}});
   uint64_t off = 0;
   for (int i = 0; i < leaves; ++i) {
-    LeafRecord l{"params.layers." + std::to_string(i) + ".mlp.kernel", DType::kBFloat16, {64, 32}, {}};
+    LeafRecord l{"params.layers." + std::to_string(i) + ".mlp.kernel", DType::kBFloat16, {64, 32}, {}, {}};
     l.shards.push_back({Box::whole(l.shape), idx.files[0].name, off, 64 * 32 * 2, 12345});
     off += 64 * 32 * 2;
     idx.prefixes[0].leaves.push_back(std::move(l));

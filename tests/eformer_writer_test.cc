@@ -1,4 +1,4 @@
-// EformerStepWriter (src/layout/zarr/eformer_writer.h): steps in eformer's
+// EformerStepWriter (src/save/eformer_writer.h): steps in eformer's
 // layout written through write_box() with boxes that are the shards of a
 // regular grid, on every backend (memory POSIX-like and object-store-like,
 // local disk, moto, Ceph). Read back by ckptio's reader (load_eformer_step,
@@ -22,7 +22,7 @@
 
 #include "ckptio/ckptio.h"
 #include "src/layout/zarr/eformer_step.h"
-#include "src/layout/zarr/eformer_writer.h"
+#include "src/save/eformer_writer.h"
 #include "src/util/box_runs.h"
 #include "testutil/backend_fixture.h"
 #include "testutil/random_bytes.h"

@@ -15,7 +15,7 @@
 #include "src/layout/layout.h"
 #include "src/layout/zarr/chunk_grid.h"
 #include "src/layout/zarr/eformer_step.h"
-#include "src/layout/zarr/eformer_writer.h"
+#include "src/save/eformer_writer.h"
 #include "src/restore/restore_whole.h"
 #include "src/restore/restore_zarr.h"
 #include "src/save/commit.h"

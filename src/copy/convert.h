@@ -13,7 +13,7 @@
 //   - ckptio -> eformer: each leaf is one zarr array whose chunks are the
 //     saved shards' shape when those form a regular grid (else the whole
 //     leaf), encoded with zstd at CopyOptions::zstd_level and committed by
-//     EformerStepWriter (src/layout/zarr/eformer_writer.h).
+//     EformerStepWriter (src/save/eformer_writer.h).
 // Values are bit-exact both ways; memory stays within about max_memory plus
 // the largest leaf.
 #pragma once

@@ -2,7 +2,7 @@
 // worker: each leaf becomes a zarr array whose chunks are its shards' shape
 // when they form a regular grid (TensorStore's: one chunk per device shard),
 // else the whole leaf; each shard goes to the eformer writer
-// (src/layout/zarr/eformer_writer.h), which encodes and writes its chunks
+// (src/save/eformer_writer.h), which encodes and writes its chunks
 // and commits the step (POSIX: a temporary directory renamed; object
 // stores: metadata.json last). Borrow mode releases the caller's buffers
 // once the writer has read every shard, before the commit; copy mode
@@ -13,7 +13,7 @@
 #include <chrono>
 
 #include "src/layout/zarr/chunk_grid.h"
-#include "src/layout/zarr/eformer_writer.h"
+#include "src/save/eformer_writer.h"
 #include "src/manager/manager_impl.h"
 #include "src/save/save_job.h"
 

@@ -1,6 +1,6 @@
 // Writing one step in eformer's layout (contract in eformer_writer.h).
-#include "src/layout/zarr/eformer_writer.h"
-#include "src/layout/zarr/eformer_writer_impl.h"
+#include "src/save/eformer_writer.h"
+#include "src/save/eformer_writer_impl.h"
 
 #include <nlohmann/json.hpp>
 

@@ -5,7 +5,7 @@
 #include "src/layout/layout.h"
 #include "src/layout/zarr/chunk_grid.h"
 #include "src/layout/zarr/eformer_index.h"
-#include "src/layout/zarr/eformer_writer_impl.h"
+#include "src/save/eformer_writer_impl.h"
 
 namespace ckptio::zarr {
 

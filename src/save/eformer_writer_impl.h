@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "src/layout/zarr/eformer_writer.h"
+#include "src/save/eformer_writer.h"
 #include "src/layout/zarr/zarray.h"
 #include "src/save/commit.h"
 

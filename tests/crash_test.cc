@@ -12,15 +12,44 @@
 // restore, or within the save after 0, 1 or 2 commits), then checks the
 // store, and starts the next child: 200 kills by default
 // (CKPTIO_TORTURE_KILLS). Each child life draws a way of saving: copy or
-// borrow staging, one save at a time or two in flight, and sometimes gc()
-// first. Checks after every kill:
+// borrow staging, one save at a time or two in flight, sometimes gc()
+// first, and in one life of five its first save overwrites the step it
+// restored (SaveOptions::overwrite: RENAME_EXCHANGE on local disk, an index
+// PUT replacing the old one on S3) with a new generation of its content.
+//
+// The windows of the commit: the child's storage is wrapped (WindowStorage,
+// as tests/powercut's driver wraps the local backend) to report on the pipe
+// each window of the save it enters, when the operation that opens it
+// returned: restored, data-created (data being written), data-synced
+// (finish(): fsync / upload complete), then on POSIX index-staged (the index
+// durable in <step>.tmp-<attempt>/), stage-synced, renamed or exchanged,
+// parent-synced (committed, not yet acknowledged), and on object stores
+// index-put or index-replaced (committed, not yet acknowledged); then acked
+// (on_commit) and retired (retention renamed an old step to .del- or
+// deleted its index, its data not yet removed). The parent tags each kill
+// with the last window the child reported (read after the child is
+// reaped: lines in flight count; a kill between an operation's return and
+// its report counts in the window before). Random moments rarely land in the narrow
+// windows (rename to parent fsync), so every fourth life is aimed: the
+// child stops as soon as it reports a chosen window (the windows taken in a
+// seeded order, in turn), every other thread of it stops at its next
+// storage operation, and the parent kills it on reading the report; the
+// kill must land in that window. The final summary counts kills per window,
+// and every window must have taken at least one (the failure names the
+// window and the seed).
+//
+// Checks after every kill:
 //   - every committed step is complete: verify() reads every byte and checks
 //     every crc32c; restore-latest returns the newest one, bit-exact against
-//     the state the step was saved from (a pure function of the step number);
+//     the state the step was saved from (a pure function of the step number
+//     and the generation its index names: an interrupted overwrite leaves the
+//     old content or the new, never a mix);
 //   - no step vanishes: every step a child was told was committed, and every
 //     step the parent ever saw committed, is still committed, unless
 //     retention (max_to_keep = K, CKPTIO_TORTURE_KEEP, 0 = off) removed it,
 //     which it only may when K newer steps are committed now;
+//   - no overwrite is undone: a step holds at least the generation last
+//     acknowledged for it, and never an older one than the parent saw;
 //   - the latest committed step never goes back, and a restarted child
 //     restores no older step than the parent saw last.
 // S3MotoChaosCrashTest runs the same torture (100 kills) with the children's
@@ -34,8 +63,9 @@
 //
 // The kill moments come from the seed (CKPTIO_TORTURE_SEED, printed): which
 // phase, how many commits to wait for, and where in the expected duration of
-// a save to strike. The durations are measured as the run goes, so the exact
-// interleaving of a rerun differs; the seed reproduces the plan.
+// a save to strike, or which window to aim at. The durations are measured as
+// the run goes, so the exact interleaving of a rerun differs; the seed
+// reproduces the plan.
 //
 // Power-loss torture (PowerLossTest): saves go through the fault-injecting
 // backend (backends/fault/fault_storage.cc) over memory; at a random
@@ -58,6 +88,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <ostream>
 #include <random>
@@ -65,6 +97,8 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "backends/fault/fault_storage.h"
 #include "backends/memory/memory_storage.h"
@@ -86,14 +120,17 @@ struct StepState {
   std::vector<LeafView> views;
 };
 
-StepState state_for_step(int64_t s, uint64_t leaf_bytes) {
+// The state of step `s` as saved by generation `gen`: 0 for a step saved
+// fresh, a larger number for each overwrite (the kill torture's life that
+// overwrote it); the index's metadata says which ({"gen": G}, absent: 0).
+StepState state_for_step(int64_t s, uint64_t leaf_bytes, int gen = 0) {
   StepState st;
   const Shape shapes[] = {{static_cast<int64_t>(leaf_bytes / 4)}, {static_cast<int64_t>(leaf_bytes / 8), 2}, {3, 5}, {}};
   const DType dtypes[] = {DType::kFloat32, DType::kFloat32, DType::kInt8, DType::kInt64};
   for (int i = 0; i < 4; ++i) {
     size_t n = checked_num_bytes(shapes[i], dtype_size(dtypes[i])).value();
     std::vector<std::byte> b(n);
-    std::mt19937_64 rng(static_cast<uint64_t>(s) * 1000 + i);
+    std::mt19937_64 rng(static_cast<uint64_t>(s) * 1000 + i + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(gen));
     for (size_t k = 0; k < n; k += 8) {
       uint64_t x = rng();
       std::memcpy(b.data() + k, &x, std::min<size_t>(8, n - k));
@@ -106,14 +143,29 @@ StepState state_for_step(int64_t s, uint64_t leaf_bytes) {
   return st;
 }
 
+// The generation a step's metadata names (0: none).
+int gen_of(const std::string& metadata_json) {
+  const size_t at = metadata_json.find("\"gen\"");
+  if (at == std::string::npos) return 0;
+  const size_t colon = metadata_json.find(':', at);
+  return colon == std::string::npos ? 0 : std::atoi(metadata_json.c_str() + colon + 1);
+}
+
+std::string gen_metadata(int gen) { return "{\"gen\":" + std::to_string(gen) + "}"; }
+
+// Whether `r` is exactly state_for_step(r.step, leaf_bytes, G) for the
+// generation G its metadata names: an overwrite interrupted at any moment
+// leaves the old content or the new, whole, never a mix.
 ::testing::AssertionResult matches_step(const RestoredState& r, uint64_t leaf_bytes) {
-  StepState want = state_for_step(r.step, leaf_bytes);
+  const int gen = gen_of(r.metadata_json);
+  StepState want = state_for_step(r.step, leaf_bytes, gen);
   if (r.leaves.size() != want.views.size())
     return ::testing::AssertionFailure() << "step " << r.step << ": " << r.leaves.size() << " leaves";
   for (size_t i = 0; i < want.views.size(); ++i) {
     if (r.leaves[i].data.size() != want.bytes[i].size() ||
         std::memcmp(r.leaves[i].data.data(), want.bytes[i].data(), want.bytes[i].size()) != 0)
-      return ::testing::AssertionFailure() << "step " << r.step << " leaf " << i << " differs";
+      return ::testing::AssertionFailure() << "step " << r.step << " (generation " << gen << ") leaf " << i
+                                           << " differs";
   }
   return ::testing::AssertionSuccess();
 }
@@ -226,19 +278,71 @@ bool wait_server_quiet(int port, double timeout_s) {
   }
 }
 
+// ---- The windows of a save ----------------------------------------------------
+//
+// Where a kill can land, in the order a save walks through them. Each window
+// opens when the operation before it returned OK (the child then reports it
+// on the pipe) and lasts until the next report.
+enum class Window : int32_t {
+  kStartUp,        // nothing reported yet: open, gc, restore
+  kRestored,       // the restore checked; no data file created yet
+  kDataCreated,    // a data file (object) created: its data being written
+  kDataSynced,     // a data file durable (finish(): fsync / upload complete)
+  kIndexStaged,    // POSIX: the index durable in <step>.tmp-<attempt>/
+  kStageSynced,    // POSIX: the stage directory fsynced
+  kRenamed,        // POSIX: renamed to <step>/ (NOREPLACE), the parent not yet fsynced
+  kExchanged,      // POSIX overwrite: RENAME_EXCHANGE done, the parent not yet fsynced
+  kParentSynced,   // POSIX: the parent fsynced: committed, not yet acknowledged
+  kIndexPut,       // object store: the index PUT (If-None-Match) returned, not yet acknowledged
+  kIndexReplaced,  // object store overwrite: the index PUT replacing the old one returned
+  kAcked,          // the save handle's on_commit reported the step committed
+  kRetired,        // retention: an old step renamed to .del- (POSIX) or its index
+                   // deleted (object store), its data not yet removed
+  kCount
+};
+constexpr int kWindows = static_cast<int>(Window::kCount);
+const char* const kWindowNames[kWindows] = {
+    "start-up",  "restored",      "data-created", "data-synced",    "index-staged", "stage-synced", "renamed",
+    "exchanged", "parent-synced", "index-put",    "index-replaced", "acked",        "retired"};
+const char* name_of(Window w) { return kWindowNames[static_cast<int>(w)]; }
+
+// The windows an aimed life can stop a child in, for a store with rename
+// (POSIX) or without (object stores); "retired" only with retention on.
+std::vector<Window> aimable_windows(bool renames, bool retention) {
+  std::vector<Window> w = {Window::kRestored, Window::kDataCreated, Window::kDataSynced};
+  if (renames) {
+    w.insert(w.end(), {Window::kIndexStaged, Window::kStageSynced, Window::kRenamed, Window::kExchanged,
+                       Window::kParentSynced});
+  } else {
+    w.insert(w.end(), {Window::kIndexPut, Window::kIndexReplaced});
+  }
+  w.push_back(Window::kAcked);
+  if (retention) w.push_back(Window::kRetired);
+  return w;
+}
+
+bool needs_overwrite(Window w) { return w == Window::kExchanged || w == Window::kIndexReplaced; }
+
 // One child's way of saving, drawn from the seed.
 struct Life {
   bool borrow = false;    // StagingMode::kBorrow (else kCopy)
   bool two_in_flight = false;  // copy mode, save() without waiting, max_in_flight 2
   bool gc_first = false;  // gc() before restoring (a restarted job cleaning up)
+  // Overwrite: the first save replaces the step just restored
+  // (SaveOptions::overwrite) with generation `gen` of its content.
+  bool overwrite = false;
+  int gen = 0;
+  // An aimed life: the child stops as soon as it reports this window
+  // (Window::kCount: none), and the parent kills it there.
+  Window aim = Window::kCount;
 };
 
 // Child -> parent messages: fixed 16-byte records (a pipe write of at most
 // PIPE_BUF bytes is atomic, so records never interleave).
-enum MsgKind : int32_t { kRestored = 1, kCommitted = 2, kFailed = 3 };
+enum MsgKind : int32_t { kRestored = 1, kCommitted = 2, kFailed = 3, kEntered = 4 };
 struct Msg {
   int32_t kind;
-  int32_t who;  // the process of a group (GroupCrashTest), else 0
+  int32_t who;  // the process of a group (GroupCrashTest), kEntered: the Window; else 0
   int64_t step;  // kRestored: the step restored, 0 when there was none
 };
 
@@ -249,45 +353,216 @@ void send_msg(int fd, MsgKind kind, int64_t step, int32_t who = 0) {
   while (n < 0 && errno == EINTR);
 }
 
+// The window a message opens.
+Window window_of(const Msg& m) {
+  if (m.kind == kRestored) return Window::kRestored;
+  if (m.kind == kCommitted) return Window::kAcked;
+  return m.who >= 0 && m.who < kWindows ? static_cast<Window>(m.who) : Window::kCount;
+}
+
 [[noreturn]] void child_die(int code, const std::string& what) {
   std::fprintf(stderr, "torture child %d: %s\n", static_cast<int>(::getpid()), what.c_str());
   _exit(code);
 }
 
+// The single-process child's one writer to the pipe, for every thread (the
+// caller's, the save worker, the index preparer). In an aimed life the
+// thread that reports the aimed window stops right there, holding the lock,
+// until the SIGKILL: every other thread then stops at its next report or
+// storage operation (gate()), so the aimed window is the last one reported
+// and no further operation starts.
+class Reporter {
+ public:
+  Reporter(int fd, Window aim) : fd_(fd), aim_(aim) {}
+  void gate() { std::lock_guard lock(mu_); }
+  void send(MsgKind kind, Window w, int64_t step) {
+    std::lock_guard lock(mu_);
+    send_msg(fd_, kind, step, kind == kEntered ? static_cast<int32_t>(w) : 0);
+    if (w == aim_)
+      for (;;) ::pause();
+  }
+
+ private:
+  std::mutex mu_;
+  const int fd_;
+  const Window aim_;
+};
+
+// The step a key belongs to ("run-5.tmp-…/…", "run-5/…"), 0 if none.
+int64_t step_of(const std::string& key) {
+  return key.rfind("run-", 0) == 0 ? std::strtoll(key.c_str() + 4, nullptr, 10) : 0;
+}
+bool is_index_key(const std::string& key) { return key.ends_with("/ckptio_index.json"); }
+bool in_stage_dir(const std::string& key) {
+  return key.substr(0, key.find('/')).find(".tmp-") != std::string::npos;
+}
+
+class WindowWriter final : public WritableObject {
+ public:
+  WindowWriter(std::unique_ptr<WritableObject> inner, Reporter* rep, int64_t step)
+      : inner_(std::move(inner)), rep_(rep), step_(step) {}
+  uint64_t granularity() const override { return inner_->granularity(); }
+  uint64_t alignment() const override { return inner_->alignment(); }
+  void write_async(uint64_t offset, std::span<const std::byte> data, IoDone done) override {
+    inner_->write_async(offset, data, std::move(done));
+  }
+  Status finish(uint64_t final_size) override {
+    rep_->gate();
+    Status st = inner_->finish(final_size);
+    if (st.ok()) rep_->send(kEntered, Window::kDataSynced, step_);
+    return st;
+  }
+  void abort() override { inner_->abort(); }
+
+ private:
+  std::unique_ptr<WritableObject> inner_;
+  Reporter* rep_;
+  int64_t step_;
+};
+
+// Forwards every call to the child's real storage (as tests/powercut's
+// driver does), reporting the windows the commit (src/save/commit.cc) and
+// retention walk into, recognised from the calls: create_new and finish of
+// data files, the index put (into the stage directory, or at its final
+// name with or without If-None-Match), the stage and parent syncs, the
+// commit's rename or exchange, retention's rename to .del- or index delete.
+class WindowStorage final : public Storage {
+ public:
+  WindowStorage(std::shared_ptr<Storage> inner, Reporter* rep) : inner_(std::move(inner)), rep_(rep) {}
+
+  StorageCaps caps() const override { return inner_->caps(); }
+  std::string describe() const override { return inner_->describe(); }
+  Result<std::unique_ptr<WritableObject>> create(const std::string& key, uint64_t size_hint) override {
+    rep_->gate();
+    return inner_->create(key, size_hint);
+  }
+  Result<std::unique_ptr<WritableObject>> create_new(const std::string& key, uint64_t size_hint) override {
+    rep_->gate();
+    auto w = inner_->create_new(key, size_hint);
+    if (!w.ok()) return w;
+    rep_->send(kEntered, Window::kDataCreated, step_of(key));
+    return std::unique_ptr<WritableObject>(new WindowWriter(std::move(*w), rep_, step_of(key)));
+  }
+  Status put(const std::string& key, std::span<const std::byte> data) override {
+    rep_->gate();
+    Status st = inner_->put(key, data);
+    if (st.ok() && is_index_key(key))
+      rep_->send(kEntered, in_stage_dir(key) ? Window::kIndexStaged : Window::kIndexReplaced, step_of(key));
+    return st;
+  }
+  Status put_new(const std::string& key, std::span<const std::byte> data) override {
+    rep_->gate();
+    Status st = inner_->put_new(key, data);
+    if (st.ok() && is_index_key(key))
+      rep_->send(kEntered, in_stage_dir(key) ? Window::kIndexStaged : Window::kIndexPut, step_of(key));
+    return st;
+  }
+  Result<std::string> get(const std::string& key, uint64_t max_size) override {
+    return inner_->get(key, max_size);
+  }
+  Result<uint64_t> stat(const std::string& key) override { return inner_->stat(key); }
+  Result<std::unique_ptr<ObjectReader>> open(const std::string& key, uint64_t max_size) override {
+    return inner_->open(key, max_size);
+  }
+  Status read(std::span<const ReadRequest> requests) override { return inner_->read(requests); }
+  uint64_t write_granularity() const override { return inner_->write_granularity(); }
+  uint64_t write_memory_alignment() const override { return inner_->write_memory_alignment(); }
+  uint64_t data_object_bytes() const override { return inner_->data_object_bytes(); }
+  uint64_t read_alignment() const override { return inner_->read_alignment(); }
+  Result<ListResult> list(const std::string& prefix, bool delimiter) override {
+    return inner_->list(prefix, delimiter);
+  }
+  Status remove(const std::string& key) override {
+    rep_->gate();
+    Status st = inner_->remove(key);
+    if (st.ok() && is_index_key(key)) rep_->send(kEntered, Window::kRetired, step_of(key));
+    return st;
+  }
+  Status remove_prefix(const std::string& prefix) override {
+    rep_->gate();
+    return inner_->remove_prefix(prefix);
+  }
+  Status rename(const std::string& from, const std::string& to, RenameMode mode) override {
+    rep_->gate();
+    Status st = inner_->rename(from, to, mode);
+    if (!st.ok()) return st;
+    const bool retire = to.find(".del-") != std::string::npos;
+    committing() = !retire;  // the sync("") that follows on this thread is the commit's
+    rep_->send(kEntered,
+               retire                          ? Window::kRetired
+               : mode == RenameMode::kExchange ? Window::kExchanged
+                                               : Window::kRenamed,
+               step_of(retire ? from : to));
+    return st;
+  }
+  Result<std::vector<ListEntry>> list_unfinished(const std::string& prefix) override {
+    return inner_->list_unfinished(prefix);
+  }
+  Result<std::optional<int64_t>> newest_change(const std::string& prefix) override {
+    return inner_->newest_change(prefix);
+  }
+  Status abort_unfinished(const std::string& key) override {
+    rep_->gate();
+    return inner_->abort_unfinished(key);
+  }
+  Status sync(const std::string& prefix) override {
+    rep_->gate();
+    Status st = inner_->sync(prefix);
+    if (!st.ok()) return st;
+    if (!prefix.empty() && in_stage_dir(prefix))
+      rep_->send(kEntered, Window::kStageSynced, step_of(prefix));
+    else if (prefix.empty() && std::exchange(committing(), false))
+      rep_->send(kEntered, Window::kParentSynced, 0);
+    return st;
+  }
+
+ private:
+  static bool& committing() {
+    thread_local bool renamed = false;
+    return renamed;
+  }
+  std::shared_ptr<Storage> inner_;
+  Reporter* rep_;
+};
+
 // The child: restore the latest committed step (bit-exact), then save the
-// following steps until killed. Never returns into GoogleTest.
+// following steps until killed (an overwriting life first saves the step it
+// restored again, as a new generation). Never returns into GoogleTest.
 [[noreturn]] void saver_child(const TortureTarget& t, const Life& life, int fd) {
+  Reporter rep(fd, life.aim);
   ManagerOptions o;
   o.max_to_keep = t.keep;
   o.chunk_size = t.chunk_size;
   o.staging = life.borrow ? StagingMode::kBorrow : StagingMode::kCopy;
   o.max_in_flight = life.two_in_flight ? 2 : 1;
   o.staging_budget = 64ull << 20;
-  o.on_commit = [fd](const CommitEvent& e) {
+  o.on_commit = [&rep](const CommitEvent& e) {
     if (!e.status.ok()) child_die(12, "save of step " + std::to_string(e.step) + ": " + e.status.to_string());
-    send_msg(fd, kCommitted, e.step);
+    rep.send(kCommitted, Window::kAcked, e.step);
   };
-  auto m = CheckpointManager::open(t.uri, o, t.storage);
-  if (!m.ok()) child_die(10, "open " + t.uri + ": " + m.status().to_string());
+  auto storage = open_storage(t.uri, t.storage);
+  if (!storage.ok()) child_die(10, "open " + t.uri + ": " + storage.status().to_string());
+  auto m = std::make_unique<CheckpointManager>(std::make_shared<WindowStorage>(*storage, &rep), o);
   if (life.gc_first) {
-    Status g = (*m)->gc();
+    Status g = m->gc();
     if (!g.ok()) child_die(13, "gc: " + g.to_string());
   }
   int64_t next = 1;
-  auto r = (*m)->restore(std::nullopt);
+  auto r = m->restore(std::nullopt);
   if (r.ok()) {
     auto same = matches_step(*r, t.leaf_bytes(r->step));
     if (!same) child_die(20, std::string("restore-latest: ") + same.message());
-    send_msg(fd, kRestored, r->step);
-    next = r->step + 1;
+    rep.send(kRestored, Window::kRestored, r->step);
+    next = r->step + (life.overwrite ? 0 : 1);
   } else if (r.status().code() == Code::kNotFound) {
-    send_msg(fd, kRestored, 0);
+    rep.send(kRestored, Window::kRestored, 0);
   } else {
     child_die(11, "restore-latest: " + r.status().to_string());
   }
-  for (;; ++next) {
-    StepState st = state_for_step(next, t.leaf_bytes(next));
-    auto h = (*m)->save(next, st.views);
+  for (bool overwrite = r.ok() && life.overwrite;; ++next, overwrite = false) {
+    const int gen = overwrite ? life.gen : 0;
+    StepState st = state_for_step(next, t.leaf_bytes(next), gen);
+    auto h = m->save(next, st.views, {.metadata_json = gen_metadata(gen), .overwrite = overwrite});
     if (!h.ok()) child_die(12, "save " + std::to_string(next) + ": " + h.status().to_string());
     // Copy mode with two in flight: save() copied the state; go on at once.
     if (!life.two_in_flight) {
@@ -350,6 +625,12 @@ struct TortureBooks {
   int kills = 0, early_kills = 0;
   int parent_restores = 0, child_restores = 0, verifies = 0;
   int lives_borrow = 0, lives_two_in_flight = 0, lives_gc_first = 0;
+  int lives_overwrite = 0, overwrites_acked = 0;
+  // Generations (see state_for_step): the newest acknowledged to a child,
+  // and the one the parent last saw committed, by step.
+  std::map<int64_t, int> gen_acked, gen_seen;
+  int landed[kWindows] = {};  // kills by the window they landed in
+  int aimed[kWindows] = {};   // of them, by an aimed life
   double quiesce_seconds = 0;  // waiting for the S3 server to finish a killed child's requests
 };
 
@@ -360,9 +641,10 @@ Result<std::unique_ptr<CheckpointManager>> open_checker(const TortureTarget& t) 
 }
 
 // Adds what is left over now to `out`; `now` (if given) gets this moment's
-// counts. `steps`: the committed steps.
+// counts, `gens` (if given) each step's generation. `steps`: the committed
+// steps.
 void collect_leftovers(CheckpointManager& m, const std::vector<int64_t>& steps, Leftovers* out,
-                       Leftovers* now = nullptr) {
+                       Leftovers* now = nullptr, std::map<int64_t, int>* gens = nullptr) {
   Leftovers here;
   auto unfinished = m.storage().list_unfinished("");
   ASSERT_TRUE(unfinished.ok()) << unfinished.status().to_string();
@@ -371,6 +653,7 @@ void collect_leftovers(CheckpointManager& m, const std::vector<int64_t>& steps, 
   for (int64_t s : steps) {
     auto idx = m.read_index(s);
     ASSERT_TRUE(idx.ok()) << idx.status().to_string();
+    if (gens) (*gens)[s] = gen_of(idx->metadata_json);
     const std::string dir = "run-" + std::to_string(s) + "/";
     live.insert(dir + "ckptio_index.json");
     for (const auto& f : idx->files) live.insert(dir + f.name);
@@ -432,7 +715,19 @@ void check_store(const TortureTarget& t, TortureBooks& b, const std::string& whe
     ASSERT_TRUE(matches(t, *r)) << where;
     ++b.parent_restores;
   }
-  ASSERT_NO_FATAL_FAILURE(collect_leftovers(**m, *steps, &b.leftovers));
+  std::map<int64_t, int> gens;
+  ASSERT_NO_FATAL_FAILURE(collect_leftovers(**m, *steps, &b.leftovers, nullptr, &gens));
+  // Overwrites: an acknowledged one is never undone, and no step's content
+  // goes back to an older generation.
+  for (const auto& [s, gen] : gens) {
+    const auto acked = b.gen_acked.find(s);
+    if (acked != b.gen_acked.end())
+      ASSERT_GE(gen, acked->second) << "step " << s << ": its overwrite with generation " << acked->second
+                                    << " was acknowledged, and the store holds generation " << gen << where;
+    int& seen = b.gen_seen[s];
+    ASSERT_GE(gen, seen) << "step " << s << " went back from generation " << seen << " to " << gen << where;
+    seen = gen;
+  }
   b.seen.insert(now.begin(), now.end());
   b.latest = latest;
 }
@@ -525,6 +820,19 @@ void run_kill_torture(const TortureTarget& t) {
   // and of one save of an even (big) and an odd (small) step, to aim the
   // kills; updated as the run goes.
   double est_start = 0.05, est_save[2] = {0.05, 0.05};
+  // The windows aimed lives stop a child in, in a seeded order, taken in
+  // turn: every fourth life, and as many more at the end as it takes to aim
+  // at each window once when the kills are few.
+  bool renames = false;
+  {
+    auto storage = open_storage(t.uri, checker_storage(t));
+    ASSERT_TRUE(storage.ok()) << storage.status().to_string();
+    renames = (*storage)->caps().atomic_rename;
+  }
+  std::vector<Window> aims = aimable_windows(renames, t.keep > 0);
+  std::shuffle(aims.begin(), aims.end(), rng);
+  const int n_aims = static_cast<int>(aims.size());
+  int aimed_lives = 0;
 
   for (int k = 0; k < kills; ++k) {
     const std::string where = " (" + t.name + ", seed " + std::to_string(seed) + ", kill " +
@@ -536,13 +844,31 @@ void run_kill_torture(const TortureTarget& t) {
     // 0: early; 1..3: after plan - 1 commits; the last kill: while an
     // attempt is visibly unfinished (an open multipart upload or a .tmp-
     // directory), so that the final gc() has something to clean up.
+    // 5: aimed (see above).
     const bool last = k == kills - 1;
-    const int plan = last ? 4 : static_cast<int>(rng() % 4);
+    int plan = last ? 4 : static_cast<int>(rng() % 4);
     if (last) life.gc_first = false;
     const double frac = unit(rng);
+    // Overwrite the latest step (there must be one) in one life of five, and
+    // in every life aimed at the overwrite's own window.
+    life.overwrite = !last && rng() % 5 == 0 && b.latest > 0;
+    life.gen = k + 1;
+    const int lives_left = kills - 1 - k;  // before the last
+    if (!last && (k % 4 == 1 || (aimed_lives < n_aims && lives_left <= n_aims - aimed_lives))) {
+      Window& aim = aims[aimed_lives % n_aims];
+      if (needs_overwrite(aim) && b.latest == 0 && n_aims > 1)
+        std::swap(aim, aims[(aimed_lives + 1) % n_aims]);  // nothing to overwrite yet
+      if (!needs_overwrite(aim) || b.latest > 0) {
+        plan = 5;
+        life.aim = aim;
+        life.overwrite = life.overwrite || needs_overwrite(aim);
+        ++aimed_lives;
+      }
+    }
     b.lives_borrow += life.borrow;
     b.lives_two_in_flight += life.two_in_flight;
     b.lives_gc_first += life.gc_first;
+    b.lives_overwrite += life.overwrite;
 
     if (!under_thread_sanitizer()) {  // TSan's own helper thread is fork-safe
       auto others = other_threads_after();
@@ -586,6 +912,16 @@ void run_kill_torture(const TortureTarget& t) {
       ++b.early_kills;
       const double span = est_start + std::max(est_save[0], est_save[1]);
       std::this_thread::sleep_for(std::chrono::duration<double>(frac * span));
+    } else if (plan == 5) {
+      // The child stops as soon as it reports the aimed window: kill it there.
+      bool reached = false;
+      while (alive && !reached) {
+        ASSERT_LT(seconds_since(forked), 120.0)
+            << "aimed at window " << name_of(life.aim) << ", the child never reported it" << where;
+        size_t before = msgs.size();
+        alive = reader.poll_some(0.5, &msgs);
+        for (size_t i = before; i < msgs.size(); ++i) reached = reached || window_of(msgs[i]) == life.aim;
+      }
     } else {
       // Wait for the restore and plan - 1 commits after it, then strike
       // somewhere within the next save.
@@ -599,6 +935,7 @@ void run_kill_torture(const TortureTarget& t) {
         size_t before = msgs.size();
         alive = reader.poll_some(0.5, &msgs);
         for (size_t i = before; i < msgs.size(); ++i) {
+          if (msgs[i].kind == kEntered) continue;
           const double dt = seconds_since(last);
           last = Clock::now();
           last_step = msgs[i].step;
@@ -627,16 +964,32 @@ void run_kill_torture(const TortureTarget& t) {
     quiesce(t, b, where);
 
     int64_t restored = -1;
+    Window landed = Window::kStartUp;  // the last window the child reported
     for (const Msg& m : msgs) {
+      landed = window_of(m);
+      ASSERT_NE(landed, Window::kCount) << "message kind " << m.kind << ", window " << m.who << where;
+      if (m.kind == kEntered) continue;
       if (m.kind == kRestored) {
         ASSERT_GE(m.step, b.latest) << "a restarted child restored an older step than the latest" << where;
         restored = m.step;
         if (m.step > 0) ++b.child_restores;
       } else {
         ASSERT_EQ(m.kind, kCommitted) << where;
-        ASSERT_GT(m.step, restored) << "a child committed a step at or below the one it restored" << where;
+        const bool overwrote = life.overwrite && m.step == restored;
+        ASSERT_TRUE(m.step > restored || overwrote)
+            << "a child committed step " << m.step << ", at or below the one it restored, " << restored
+            << where;
         b.acked.insert(m.step);
+        int& gen = b.gen_acked[m.step];
+        gen = std::max(gen, overwrote ? life.gen : 0);
+        b.overwrites_acked += overwrote;
       }
+    }
+    ++b.landed[static_cast<int>(landed)];
+    if (plan == 5) {
+      ++b.aimed[static_cast<int>(life.aim)];
+      ASSERT_EQ(landed, life.aim) << "aimed at window " << name_of(life.aim) << ", the kill landed in "
+                                  << name_of(landed) << where;
     }
     ASSERT_NO_FATAL_FAILURE(check_store(t, b, where));
   }
@@ -646,18 +999,38 @@ void run_kill_torture(const TortureTarget& t) {
 
   std::printf(
       "crash torture [%s]: seed %llu: %d kills survived (%d early, during start-up/restore/first "
-      "save; %d lives in borrow mode, %d with two saves in flight, %d starting with gc), "
+      "save; %d aimed at a window; %d lives in borrow mode, %d with two saves in flight, %d starting "
+      "with gc, %d overwriting the latest step, %d of those overwrites acknowledged), "
       "%zu steps committed (acknowledged to a child), latest step %lld, %d restore-latest checks "
       "bit-exact by the parent and %d by restarted children, %d verify() passes of older steps, "
       "%zu steps removed by retention; left by killed attempts: %zu unfinished multipart uploads, "
       "%zu temporary directories, %zu unreferenced objects (at the end %zu, %zu, %zu, all removed "
       "by gc), %.1f s (%.2f s of it waiting for the server to finish killed children's requests)\n",
-      t.name.c_str(), static_cast<unsigned long long>(seed), b.kills, b.early_kills, b.lives_borrow,
-      b.lives_two_in_flight, b.lives_gc_first, b.acked.size(), static_cast<long long>(b.latest),
+      t.name.c_str(), static_cast<unsigned long long>(seed), b.kills, b.early_kills, aimed_lives,
+      b.lives_borrow, b.lives_two_in_flight, b.lives_gc_first, b.lives_overwrite, b.overwrites_acked,
+      b.acked.size(), static_cast<long long>(b.latest),
       b.parent_restores, b.child_restores, b.verifies, b.retired.size(), b.leftovers.uploads.size(),
       b.leftovers.dirs.size(), b.leftovers.objects.size(), before_gc.uploads.size(),
       before_gc.dirs.size(), before_gc.objects.size(), seconds_since(start), b.quiesce_seconds);
+  // Kills by the window they landed in (aimed ones in parentheses).
+  std::printf("crash torture [%s]: kills per window (aimed):", t.name.c_str());
+  for (int w = 0; w < kWindows; ++w) {
+    if (w == 0 || std::find(aims.begin(), aims.end(), static_cast<Window>(w)) != aims.end())
+      std::printf("%s %s %d (%d)", w ? "," : "", kWindowNames[w], b.landed[w], b.aimed[w]);
+  }
+  std::printf("\n");
   std::fflush(stdout);
+  // Every window of the commit took a kill (the aimed lives see to the
+  // narrow ones; with fewer kills than windows, the windows aimed at).
+  for (Window w : aims) {
+    if (aimed_lives < n_aims && b.aimed[static_cast<int>(w)] == 0) continue;
+    EXPECT_GT(b.landed[static_cast<int>(w)], 0)
+        << "no kill landed in window " << name_of(w) << " (" << t.name << ", seed " << seed << ")";
+  }
+  if (aimed_lives < n_aims)
+    std::printf("crash torture [%s]: %d kills aim at only %d of the %d windows (%d or more aim at every one); "
+                "the check above covers those aimed at\n",
+                t.name.c_str(), kills, aimed_lives, n_aims, n_aims + 1);
   if (t.proxy) {
     // Faults the children's requests met (and survived: a child whose save
     // or restore fails ends by itself, which fails the run above).
@@ -700,7 +1073,7 @@ int port_of(const std::string& endpoint) {
 }
 
 // Sets the AWS_* variables a user would (the child opens s3://bucket/prefix
-// through CheckpointManager::open like any trainer); restores them after.
+// through open_storage like any trainer); restores them after.
 class ScopedAwsEnv {
  public:
   explicit ScopedAwsEnv(const testutil::S3TestServer& srv) {

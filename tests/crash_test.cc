@@ -104,6 +104,7 @@
 #include "backends/memory/memory_storage.h"
 #include "ckptio/ckptio.h"
 #include "testutil/fork_safety.h"
+#include "testutil/forwarding_storage.h"
 #include "testutil/s3_server.h"
 #include "testutil/sharded_state.h"
 
@@ -426,12 +427,10 @@ class WindowWriter final : public WritableObject {
 // data files, the index put (into the stage directory, or at its final
 // name with or without If-None-Match), the stage and parent syncs, the
 // commit's rename or exchange, retention's rename to .del- or index delete.
-class WindowStorage final : public Storage {
+class WindowStorage final : public testutil::ForwardingStorage {
  public:
-  WindowStorage(std::shared_ptr<Storage> inner, Reporter* rep) : inner_(std::move(inner)), rep_(rep) {}
+  WindowStorage(std::shared_ptr<Storage> inner, Reporter* rep) : ForwardingStorage(std::move(inner)), rep_(rep) {}
 
-  StorageCaps caps() const override { return inner_->caps(); }
-  std::string describe() const override { return inner_->describe(); }
   Result<std::unique_ptr<WritableObject>> create(const std::string& key, uint64_t size_hint) override {
     rep_->gate();
     return inner_->create(key, size_hint);
@@ -457,21 +456,6 @@ class WindowStorage final : public Storage {
       rep_->send(kEntered, in_stage_dir(key) ? Window::kIndexStaged : Window::kIndexPut, step_of(key));
     return st;
   }
-  Result<std::string> get(const std::string& key, uint64_t max_size) override {
-    return inner_->get(key, max_size);
-  }
-  Result<uint64_t> stat(const std::string& key) override { return inner_->stat(key); }
-  Result<std::unique_ptr<ObjectReader>> open(const std::string& key, uint64_t max_size) override {
-    return inner_->open(key, max_size);
-  }
-  Status read(std::span<const ReadRequest> requests) override { return inner_->read(requests); }
-  uint64_t write_granularity() const override { return inner_->write_granularity(); }
-  uint64_t write_memory_alignment() const override { return inner_->write_memory_alignment(); }
-  uint64_t data_object_bytes() const override { return inner_->data_object_bytes(); }
-  uint64_t read_alignment() const override { return inner_->read_alignment(); }
-  Result<ListResult> list(const std::string& prefix, bool delimiter) override {
-    return inner_->list(prefix, delimiter);
-  }
   Status remove(const std::string& key) override {
     rep_->gate();
     Status st = inner_->remove(key);
@@ -495,12 +479,6 @@ class WindowStorage final : public Storage {
                step_of(retire ? from : to));
     return st;
   }
-  Result<std::vector<ListEntry>> list_unfinished(const std::string& prefix) override {
-    return inner_->list_unfinished(prefix);
-  }
-  Result<std::optional<int64_t>> newest_change(const std::string& prefix) override {
-    return inner_->newest_change(prefix);
-  }
   Status abort_unfinished(const std::string& key) override {
     rep_->gate();
     return inner_->abort_unfinished(key);
@@ -521,7 +499,6 @@ class WindowStorage final : public Storage {
     thread_local bool renamed = false;
     return renamed;
   }
-  std::shared_ptr<Storage> inner_;
   Reporter* rep_;
 };
 

@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "ckptio/ckptio.h"
+#include "tests/testutil/forwarding_storage.h"
 
 namespace ckptio {
 namespace {
@@ -235,13 +236,11 @@ class UnsyncedWriter final : public WritableObject {
 };
 
 // Forwards every call to the real backend, announcing the commit's stages.
-class HookedStorage final : public Storage {
+class HookedStorage final : public testutil::ForwardingStorage {
  public:
   HookedStorage(std::shared_ptr<Storage> inner, std::string root, Hooks* hooks, Bug bug)
-      : inner_(std::move(inner)), root_(std::move(root)), hooks_(hooks), bug_(bug) {}
+      : ForwardingStorage(std::move(inner)), root_(std::move(root)), hooks_(hooks), bug_(bug) {}
 
-  StorageCaps caps() const override { return inner_->caps(); }
-  std::string describe() const override { return inner_->describe(); }
   Result<std::unique_ptr<WritableObject>> create(const std::string& key, uint64_t size_hint) override {
     return wrap(key, inner_->create(key, size_hint));
   }
@@ -271,20 +270,6 @@ class HookedStorage final : public Storage {
     hooks_->at("after:" + p, key);
     return st;
   }
-  Result<std::string> get(const std::string& key, uint64_t max_size) override { return inner_->get(key, max_size); }
-  Result<uint64_t> stat(const std::string& key) override { return inner_->stat(key); }
-  Result<std::unique_ptr<ObjectReader>> open(const std::string& key, uint64_t max_size) override {
-    return inner_->open(key, max_size);
-  }
-  Status read(std::span<const ReadRequest> requests) override { return inner_->read(requests); }
-  uint64_t write_granularity() const override { return inner_->write_granularity(); }
-  uint64_t write_memory_alignment() const override { return inner_->write_memory_alignment(); }
-  uint64_t data_object_bytes() const override { return inner_->data_object_bytes(); }
-  uint64_t read_alignment() const override { return inner_->read_alignment(); }
-  Result<ListResult> list(const std::string& prefix, bool delimiter) override {
-    return inner_->list(prefix, delimiter);
-  }
-  Status remove(const std::string& key) override { return inner_->remove(key); }
   Status remove_prefix(const std::string& prefix) override {
     hooks_->at("before:remove", prefix);
     Status st = inner_->remove_prefix(prefix);
@@ -300,13 +285,6 @@ class HookedStorage final : public Storage {
     hooks_->at("after:" + p, from + ">" + to);
     return st;
   }
-  Result<std::vector<ListEntry>> list_unfinished(const std::string& prefix) override {
-    return inner_->list_unfinished(prefix);
-  }
-  Result<std::optional<int64_t>> newest_change(const std::string& prefix) override {
-    return inner_->newest_change(prefix);
-  }
-  Status abort_unfinished(const std::string& key) override { return inner_->abort_unfinished(key); }
   Status sync(const std::string& prefix) override {
     const std::string p = prefix.empty() ? "parent-sync" : "stage-sync";
     hooks_->at("before:" + p, prefix);
@@ -335,7 +313,6 @@ class HookedStorage final : public Storage {
     return Status::OK();
   }
 
-  std::shared_ptr<Storage> inner_;
   std::string root_;
   Hooks* hooks_;
   Bug bug_;

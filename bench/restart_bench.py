@@ -489,14 +489,19 @@ def loadavg():
         return " ".join(f.read().split()[:3])
 
 
+def data_bytes(ckpt):
+    """Bytes of the data files of the newest step directory under `ckpt`."""
+    step = max(os.listdir(ckpt))
+    return sum(os.path.getsize(os.path.join(ckpt, step, f)) for f in os.listdir(os.path.join(ckpt, step))
+               if f.endswith(".bin"))
+
+
 def prefault_pairs(a):
     """--prefault-pairs N --ckpt DIR: `synth check DIR` with and without
     --no-prefault, N pairs, alternating which goes first, cold cache, fresh
     process each: what prefaulting is worth on the device under DIR."""
     import statistics
-    step = max(os.listdir(a.ckpt))
-    size = sum(os.path.getsize(os.path.join(a.ckpt, step, f)) for f in os.listdir(os.path.join(a.ckpt, step))
-               if f.endswith(".bin"))
+    size = data_bytes(a.ckpt)
     res = {"on": [], "off": []}
     for r in range(a.prefault_pairs):
         for v in (("on", "off") if r % 2 == 0 else ("off", "on")):
@@ -519,9 +524,7 @@ def python_pairs(a):
     `import ckptio` done, and the C++ restore's own seconds in each (where a
     gap between them lies)."""
     import statistics
-    step = max(os.listdir(a.ckpt))
-    size = sum(os.path.getsize(os.path.join(a.ckpt, step, f)) for f in os.listdir(os.path.join(a.ckpt, step))
-               if f.endswith(".bin"))
+    size = data_bytes(a.ckpt)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (
         os.path.join(os.path.dirname(os.path.dirname(a.ckptio)), "python"), os.environ.get("PYTHONPATH")) if p))
     res = {k: [] for k in ("cli", "cli_restore", "python", "python_after_import", "python_restore")}

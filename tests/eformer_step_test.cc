@@ -17,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -326,6 +327,49 @@ for path, name in [("model/layers/0/kernel", "model/layers.0.kernel"), ("model/l
   const std::string cmd = "/usr/bin/python3 '" + (work_ / "check.py").string() + "' '" + (dir_ / "back-200").string() +
                           "' '" + (work_ / "expected").string() + "' >'" + (work_ / "check.log").string() + "' 2>&1";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << "zarr-python on what ckptio wrote: " << read_file(work_ / "check.log");
+}
+
+// A conversion restores the source in groups of half its memory bound, the
+// next group on a thread of its own while the last one is written: with a
+// bound of 16 KiB the step's ~25 KB take several groups, the 12 KiB moment
+// is larger than a half and goes alone into memory of its own, and both
+// directions stay bit-exact. A failure on the calling thread (on_progress
+// throwing, after the first group) stops the restoring thread and commits
+// nothing; the copy then runs again.
+TEST_P(EformerStepTest, ConvertsInGroupsOfItsMemoryBoundAndStopsCleanly) {
+  for (const char* format : {"ckptio", "eformer"}) {
+    SCOPED_TRACE(format);
+    const std::string src = std::string(format) == "ckptio" ? "run-{step}" : "mid-{step}";
+    const std::string dst = std::string(format) == "ckptio" ? "mid-{step}" : "out-{step}";
+    CopyOptions o;
+    o.format = format;
+    o.src_step_format = src;
+    o.dst_step_format = dst;
+    o.max_memory = 16 << 10;
+    o.chunk_size = 4096;
+    int calls = 0;
+    o.on_progress = [&](int64_t, uint64_t done, uint64_t) {
+      if (done > 0 && ++calls == 2) throw std::runtime_error("stop here");
+    };
+    auto stopped = copy_step(*base_, *base_, 200, o);
+    EXPECT_EQ(stopped.status().code(), Code::kCancelled) << stopped.status().to_string();
+    EXPECT_NE(stopped.status().message().find("stop here"), std::string::npos) << stopped.status().to_string();
+    ManagerOptions mo;
+    mo.step_format = dst;
+    EXPECT_EQ(manager(mo)->read_index(200).status().code(), Code::kNotFound);
+    std::vector<uint64_t> seen;
+    o.on_progress = [&](int64_t, uint64_t done, uint64_t) { seen.push_back(done); };
+    auto c = copy_step(*base_, *base_, 200, o);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    EXPECT_GE(seen.size(), 4u);  // leaf by leaf, through several groups
+    auto r = manager(mo)->restore(200);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_EQ(r->leaves.size(), leaves().size());
+    for (const Tensor& t : r->leaves) {
+      const std::string name = t.prefix + "/" + t.path;
+      EXPECT_TRUE(bytes_of(t.data) == expected(200, name)) << name;
+    }
+  }
 }
 
 // eformer -> eformer keeps the source's chunk shapes (the device shards).

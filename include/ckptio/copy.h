@@ -26,8 +26,9 @@
 //   - Memory stays within CopyOptions::max_memory: data moves through a few
 //     4096-aligned buffers, never a whole file.
 //
-// Thread safety: a copy uses its storages from the calling thread and the
-// backends' own threads; several copies may run at once (into different
+// Thread safety: a copy uses its storages from the calling thread, the
+// backends' own threads and, in a conversion (CopyOptions::format), one
+// thread of its own that restores the next group of leaves; several copies may run at once (into different
 // steps). Like a save from another process, a copy's data objects are
 // unreferenced until it commits: do not run `gc` on an object-store
 // destination while a copy into it is in flight.

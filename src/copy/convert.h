@@ -2,10 +2,11 @@
 // eformer's zarr layout and back. Unlike a same-layout copy, which streams
 // the data files byte for byte (copy_stream.cc), a conversion decodes the
 // leaves and encodes them again:
-//   - the source's leaves are restored whole, in groups of at most
+//   - the source's leaves are restored whole, in groups of at most half of
 //     CopyOptions::max_memory bytes (a larger leaf alone), through the
 //     restore paths (restore_whole.cc, checksums checked; restore_zarr.cc,
-//     chunks decoded);
+//     chunks decoded), the next group on a thread of its own while the
+//     calling thread writes the last one;
 //   - eformer -> ckptio: each group's leaves are appended to one data file
 //     through a few aligned buffers, each leaf one shard with its crc32c; the
 //     index is written and the step committed by the destination's protocol
@@ -15,7 +16,8 @@
 //     leaf), encoded with zstd at CopyOptions::zstd_level and committed by
 //     EformerStepWriter (src/save/eformer_writer.h).
 // Values are bit-exact both ways; memory stays within about max_memory plus
-// the largest leaf.
+// the two largest leaves, plus the eformer writer's own bound
+// (EformerWriteOptions::max_pending_bytes).
 #pragma once
 
 #include <string>

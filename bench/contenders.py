@@ -212,6 +212,42 @@ def fio(path, size, rw, direct):
     return size / runtime_s / 1e9 if runtime_s > 0 else part["bw_bytes"] / 1e9
 
 
+def fio_job(path, size, rw, jobs, depth, bs, direct):
+    """One sequential pass over `path`'s first `size` bytes by `jobs` fio jobs,
+    each over its own part, `bs`-byte requests: O_DIRECT io_uring at `depth`,
+    or buffered psync (writes end with an fsync inside the job's runtime).
+    Reads need the file; writes create it. GB/s of the whole pass."""
+    size = size // (jobs * bs) * (jobs * bs)
+    args = ["fio", "--name=pass", "--filename=" + path, "--rw=" + rw, "--bs=%d" % bs,
+            "--size=%d" % (size // jobs), "--numjobs=%d" % jobs, "--offset_increment=%d" % (size // jobs),
+            "--group_reporting", "--output-format=json"] + (["--readonly"] if rw == "read" else [])
+    args += ["--direct=1", "--ioengine=io_uring", "--iodepth=%d" % depth] if direct else \
+            ["--direct=0", "--ioengine=psync"] + (["--end_fsync=1"] if rw == "write" else [])
+    job = _json_out(_run(args))["jobs"][0]
+    if rw == "read":
+        return job["read"]["bw_bytes"] / 1e9
+    runtime_s = job.get("job_runtime", 0) / 1000.0  # includes the end_fsync
+    return size / runtime_s / 1e9 if runtime_s > 0 else job["write"]["bw_bytes"] / 1e9
+
+
+# What "the disk's best" means in bench/restart_bench.py and bench/python_bench.py
+# (issue 30): the best of one job at depth 32 with 1 MiB requests, 8 jobs at
+# depth 8 with 8 MiB requests, and buffered 1 MiB requests.
+FIO_BEST = (("1x32_1m", 1, 32, 1 << 20, True), ("8x8_8m", 8, 8, 8 << 20, True), ("buffered", 1, 1, 1 << 20, False))
+
+
+def fio_best(path, size, rw, drop=None):
+    """{"1x32_1m": GB/s, "8x8_8m": ..., "buffered": ..., "best": the highest}
+    for reads of `path` (drop() before each) or writes to it."""
+    out = {}
+    for key, jobs, depth, bs, direct in FIO_BEST:
+        if drop is not None:
+            drop()
+        out[key] = fio_job(path, size, rw, jobs, depth, bs, direct)
+    out["best"] = max(out[k] for k, *_ in FIO_BEST)
+    return out
+
+
 def fio_all(workdir, size, drop):
     """The four fio modes on one file; returns {key: GB/s, 'cold': bool}."""
     path = os.path.join(workdir, "fio.dat")

@@ -204,15 +204,9 @@ class Run:
         self.cold &= drop_caches()
 
     def fio_one(self, path, size, jobs, depth, bs, direct):
-        size = size // (jobs * bs) * (jobs * bs)
-        args = ["fio", "--name=restart", "--filename=" + path, "--readonly", "--rw=read",
-                "--bs=%d" % bs, "--size=%d" % (size // jobs), "--numjobs=%d" % jobs,
-                "--offset_increment=%d" % (size // jobs), "--group_reporting", "--output-format=json"]
-        args += ["--direct=1", "--ioengine=io_uring", "--iodepth=%d" % depth] if direct else \
-                ["--direct=0", "--ioengine=psync"]
+        import contenders as C
         self.drop()
-        job = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)["jobs"][0]
-        return job["read"]["bw_bytes"] / 1e9
+        return C.fio_job(path, size, "read", jobs, depth, bs, direct)
 
     def setup(self, size):
         a = self.a

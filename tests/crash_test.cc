@@ -10,8 +10,9 @@
 // steps forever, reporting every step its save handle saw committed through a
 // pipe. The parent SIGKILLs it at a seeded random moment (during start-up and
 // restore, or within the save after 0, 1 or 2 commits), then checks the
-// store, and starts the next child: 200 kills by default
-// (CKPTIO_TORTURE_KILLS). Each child life draws a way of saving: copy or
+// store, and starts the next child: 200 kills by default, a quarter of
+// that in a sanitizer build (torture_count; CKPTIO_TORTURE_KILLS overrides
+// both). Each child life draws a way of saving: copy or
 // borrow staging, one save at a time or two in flight, sometimes gc()
 // first, and in one life of five its first save overwrites the step it
 // restored (SaveOptions::overwrite: RENAME_EXCHANGE on local disk, an index
@@ -66,6 +67,12 @@
 // a save to strike, or which window to aim at. The durations are measured as
 // the run goes, so the exact interleaving of a rerun differs; the seed
 // reproduces the plan.
+//
+// GroupCrashTest and S3MotoGroupCrashTest kill processes of multi-process
+// saves, by window of the group commit; CpCrashTest kills copies
+// (copy_all_steps, copy_step, `ckptio cp`) into a local destination, by
+// window of the destination's commit. Both are described where they start
+// below.
 //
 // Power-loss torture (PowerLossTest): saves go through the fault-injecting
 // backend (backends/fault/fault_storage.cc) over memory; at a random
@@ -1835,15 +1842,17 @@ void run_cp_kill_torture(const TortureTarget& t, const std::string& src_uri) {
     const std::vector<int64_t> steps = src.steps();
     ++by_mode[static_cast<int>(mode)];
 
+    std::set<std::string> before;  // the last kill: the unfinished attempts of earlier lives
+    if (last_kill) {
+      auto dst = open_storage(t.uri);
+      ASSERT_TRUE(dst.ok()) << dst.status().to_string();
+      ASSERT_NO_FATAL_FAILURE(unfinished_attempts(**dst, &before));
+    }  // (closed before the fork: its threads must not be running then)
     if (!under_thread_sanitizer()) {
       auto others = other_threads_after();
       ASSERT_TRUE(others.empty()) << "the parent must fork single-threaded; also running: " << others.front()
                                   << where;
     }
-    std::set<std::string> before;  // the last kill: the unfinished attempts of earlier lives
-    auto dst = open_storage(t.uri);
-    ASSERT_TRUE(dst.ok()) << dst.status().to_string();
-    if (last_kill) ASSERT_NO_FATAL_FAILURE(unfinished_attempts(**dst, &before));
     int fds[2];
     ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
     std::fflush(nullptr);
@@ -1872,6 +1881,8 @@ void run_cp_kill_torture(const TortureTarget& t, const std::string& src_uri) {
         alive = poll_some(0.5);
       }
     } else if (last_kill) {
+      auto dst = open_storage(t.uri);
+      ASSERT_TRUE(dst.ok()) << dst.status().to_string();
       for (;;) {
         ASSERT_LT(seconds_since(forked), 120.0) << "never saw an unfinished copy" << where;
         std::set<std::string> now;
@@ -1902,7 +1913,8 @@ void run_cp_kill_torture(const TortureTarget& t, const std::string& src_uri) {
     ASSERT_TRUE(killed || finished) << "the child ended with " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1)
                                     << " (its stderr above says why)" << where;
     ASSERT_TRUE(finished || !final_life) << where;
-    ASSERT_TRUE(killed || aim == Window::kCount) << "an aimed child finished" << where;
+    ASSERT_TRUE(killed || aim == Window::kCount)
+        << "aimed at window " << name_of(aim) << ", the child finished without reporting it" << where;
     while (poll_some(5.0)) {
     }
     if (finished && finished_after > 0) {

@@ -2073,12 +2073,18 @@ TEST_P(PowerLossTest, DropUnsyncedAtRandomPointsKeepsACompleteStep) {
   std::mt19937_64 rng(seed);
   const uint64_t leaf_bytes = 64 << 10;
   auto base = make_memory_storage(model.posix_like);
+  // Copies come from a store of their own (no faults): each step copied is
+  // saved there first, as a new generation, then copy_step'd into `base`.
+  auto source = make_memory_storage(model.posix_like);
   FaultStorageOptions fo;
   fo.rename_durable_on_return = model.rename_durable_on_return;
   std::set<int64_t> acked, retired;  // saves that reported success; removed by retention
+  std::map<int64_t, int> acked_gen;  // the newest generation acknowledged per step (state_for_step)
   int64_t latest_seen = 0;
   int64_t next = 1;
+  int next_gen = 1;
   int cuts = 0, failed_saves = 0, restores = 0;
+  int overwrites = 0, overwrites_acked = 0, copies = 0, copies_acked = 0;
   for (int round = 0; round < rounds; ++round) {
     const std::string where =
         std::string(" (") + model.name + ", round " + std::to_string(round) + ", seed " + std::to_string(seed) + ")";
@@ -2093,13 +2099,62 @@ TEST_P(PowerLossTest, DropUnsyncedAtRandomPointsKeepsACompleteStep) {
       o.max_to_keep = keep;
       o.staging = rng() % 2 ? StagingMode::kBorrow : StagingMode::kCopy;
       CheckpointManager m(faulty, o);
-      for (int i = 0; i < 3 && !faulty->crashed(); ++i, ++next) {
+      int64_t last = latest_seen;  // the latest step committed: what an overwrite replaces
+      for (int i = 0; i < 3 && !faulty->crashed(); ++i) {
+        // One operation in six replaces the latest step with a new generation
+        // (RENAME_EXCHANGE on POSIX, the index replaced on an object store),
+        // one in six copies a new step in from `source`, the rest save one.
+        const uint64_t kind = rng() % 6;
+        if (kind == 0 && last > 0) {
+          const int64_t target = last;
+          const int gen = next_gen++;
+          StepState st = state_for_step(target, leaf_bytes, gen);
+          auto h = m.save(target, st.views, {.metadata_json = gen_metadata(gen), .overwrite = true});
+          ASSERT_TRUE(h.ok()) << h.status().to_string() << where;
+          ++overwrites;
+          if (h->wait().ok()) {
+            acked.insert(target);
+            acked_gen[target] = gen;
+            ++overwrites_acked;
+          } else {
+            ++failed_saves;
+          }
+          h->wait_released();
+          continue;
+        }
+        if (kind == 1) {
+          const int gen = next_gen++;
+          {
+            CheckpointManager src(source, ManagerOptions{});
+            StepState st = state_for_step(next, leaf_bytes, gen);
+            auto h = src.save(next, st.views, {.metadata_json = gen_metadata(gen)});
+            ASSERT_TRUE(h.ok() && h->wait().ok()) << "saving the copy's source" << where;
+          }
+          ++copies;
+          auto c = copy_step(*source, *faulty, next);
+          if (c.ok()) {
+            last = next;
+            acked.insert(next);
+            acked_gen[next] = gen;
+            ++copies_acked;
+          } else {
+            ++failed_saves;
+          }
+          ++next;
+          continue;
+        }
         StepState st = state_for_step(next, leaf_bytes);
-        auto h = m.save(next, st.views);
+        auto h = m.save(next, st.views, {.metadata_json = gen_metadata(0)});
         ASSERT_TRUE(h.ok()) << h.status().to_string() << where;
-        if (h->wait().ok()) acked.insert(next);
-        else ++failed_saves;
+        if (h->wait().ok()) {
+          last = next;
+          acked.insert(next);
+          acked_gen[next] = 0;
+        } else {
+          ++failed_saves;
+        }
         h->wait_released();
+        ++next;
       }
       (void)m.wait_until_finished();
     }
@@ -2120,24 +2175,40 @@ TEST_P(PowerLossTest, DropUnsyncedAtRandomPointsKeepsACompleteStep) {
       ASSERT_GE(newer, keep) << "step " << s << " was reported committed and is lost" << where;
       retired.insert(s);
     }
-    for (int64_t s : now) ASSERT_TRUE(after.verify(s).ok()) << "step " << s << where;
+    // Every listed step verifies and restores as the whole of one
+    // generation, never older than the newest one acknowledged: an
+    // interrupted overwrite leaves the old content or the new.
+    for (int64_t s : now) {
+      ASSERT_TRUE(after.verify(s).ok()) << "step " << s << where;
+      auto r = after.restore(s);
+      ASSERT_TRUE(r.ok()) << r.status().to_string() << " (step " << s << ")" << where;
+      ASSERT_TRUE(matches_step(*r, leaf_bytes)) << where;
+      if (acked_gen.count(s))
+        ASSERT_GE(gen_of(r->metadata_json), acked_gen[s])
+            << "step " << s << " holds an older generation than the one acknowledged" << where;
+      ++restores;
+    }
     if (latest > 0) {
       auto r = after.restore(std::nullopt);
       ASSERT_TRUE(r.ok()) << r.status().to_string() << where;
       ASSERT_EQ(r->step, latest) << where;
-      ASSERT_TRUE(matches_step(*r, leaf_bytes)) << where;
-      ++restores;
     }
     latest_seen = latest;
     ASSERT_TRUE(after.gc().ok()) << where;
   }
   std::printf("power-loss torture [%s]: seed %llu: %d rounds, %d power cuts landed mid-run, "
-              "%zu saves reported committed, %d failed by the cut, %d restore-latest checks "
-              "bit-exact, latest step %lld, %.1f s\n",
-              model.name, static_cast<unsigned long long>(seed), rounds, cuts, acked.size(),
-              failed_saves, restores, static_cast<long long>(latest_seen), seconds_since(start));
+              "%zu steps reported committed, %d operations failed by the cut; %d overwrites (%d acknowledged), "
+              "%d copies in (%d acknowledged); %d restores bit-exact, latest step %lld, %.1f s\n",
+              model.name, static_cast<unsigned long long>(seed), rounds, cuts, acked.size(), failed_saves,
+              overwrites, overwrites_acked, copies, copies_acked, restores, static_cast<long long>(latest_seen),
+              seconds_since(start));
   EXPECT_GT(cuts, rounds / 2) << "too few cuts landed during saves";
   EXPECT_GT(acked.size(), static_cast<size_t>(rounds / 4)) << "too few saves committed";
+  if (rounds >= 50) {  // enough for both kinds to be drawn and some to land before the cut
+    EXPECT_GT(overwrites_acked, 0) << "no overwrite was acknowledged";
+    EXPECT_GT(copies_acked, 0) << "no copy was acknowledged";
+    EXPECT_GT(overwrites - overwrites_acked + copies - copies_acked, 0) << "no overwrite or copy was cut";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -723,6 +723,29 @@ void collect_leftovers(CheckpointManager& m, const std::vector<int64_t>& steps, 
 }
 
 // The checks after a kill (see the top of the file).
+// Prints the kills by the window they landed in (aimed ones in
+// parentheses), and checks that every window of `aims` took one: the aimed
+// lives see to the narrow ones; with fewer aimed lives than windows, only
+// the windows aimed at are checked (and that is printed).
+void check_windows_hit(const char* torture, const std::string& name, uint64_t seed, const std::vector<Window>& aims,
+                       const TortureBooks& b, int aimed_lives) {
+  const int n_aims = static_cast<int>(aims.size());
+  std::printf("%s [%s]: kills per window (aimed):", torture, name.c_str());
+  for (int w = 0; w < kWindows; ++w)
+    if (w == 0 || std::find(aims.begin(), aims.end(), static_cast<Window>(w)) != aims.end())
+      std::printf("%s %s %d (%d)", w ? "," : "", kWindowNames[w], b.landed[w], b.aimed[w]);
+  std::printf("\n");
+  std::fflush(stdout);
+  for (Window w : aims) {
+    if (aimed_lives < n_aims && b.aimed[static_cast<int>(w)] == 0) continue;
+    EXPECT_GT(b.landed[static_cast<int>(w)], 0)
+        << "no kill landed in window " << name_of(w) << " (" << name << ", seed " << seed << ")";
+  }
+  if (aimed_lives < n_aims)
+    std::printf("%s [%s]: %d aimed lives cover only %d of the %d windows; the check above covers those aimed at\n",
+                torture, name.c_str(), aimed_lives, aimed_lives, n_aims);
+}
+
 void check_store(const TortureTarget& t, TortureBooks& b, const std::string& where) {
   auto m = open_checker(t);
   ASSERT_TRUE(m.ok()) << m.status().to_string() << where;
@@ -1060,25 +1083,7 @@ void run_kill_torture(const TortureTarget& t) {
       b.parent_restores, b.child_restores, b.verifies, b.retired.size(), b.leftovers.uploads.size(),
       b.leftovers.dirs.size(), b.leftovers.objects.size(), before_gc.uploads.size(),
       before_gc.dirs.size(), before_gc.objects.size(), seconds_since(start), b.quiesce_seconds);
-  // Kills by the window they landed in (aimed ones in parentheses).
-  std::printf("crash torture [%s]: kills per window (aimed):", t.name.c_str());
-  for (int w = 0; w < kWindows; ++w) {
-    if (w == 0 || std::find(aims.begin(), aims.end(), static_cast<Window>(w)) != aims.end())
-      std::printf("%s %s %d (%d)", w ? "," : "", kWindowNames[w], b.landed[w], b.aimed[w]);
-  }
-  std::printf("\n");
-  std::fflush(stdout);
-  // Every window of the commit took a kill (the aimed lives see to the
-  // narrow ones; with fewer kills than windows, the windows aimed at).
-  for (Window w : aims) {
-    if (aimed_lives < n_aims && b.aimed[static_cast<int>(w)] == 0) continue;
-    EXPECT_GT(b.landed[static_cast<int>(w)], 0)
-        << "no kill landed in window " << name_of(w) << " (" << t.name << ", seed " << seed << ")";
-  }
-  if (aimed_lives < n_aims)
-    std::printf("crash torture [%s]: %d kills aim at only %d of the %d windows (%d or more aim at every one); "
-                "the check above covers those aimed at\n",
-                t.name.c_str(), kills, aimed_lives, n_aims, n_aims + 1);
+  check_windows_hit("crash torture", t.name, seed, aims, b, aimed_lives);
   if (t.proxy) {
     // Faults the children's requests met (and survived: a child whose save
     // or restore fails ends by itself, which fails the run above).
@@ -1991,21 +1996,7 @@ void run_cp_kill_torture(const TortureTarget& t, const std::string& src_uri) {
       b.kills, kills_by_mode[0], kills_by_mode[1], kills_by_mode[2], aimed_lives, completed - 1, src.gen.size(),
       source_overwrites, interrupted_total, interrupted_completed, b.acked.size(), copy_restores, b.parent_restores,
       b.verifies, b.leftovers.dirs.size(), before_gc.dirs.size(), seconds_since(start));
-  std::printf("cp crash torture [%s]: kills per window (aimed):", t.name.c_str());
-  for (int w = 0; w < kWindows; ++w)
-    if (w == 0 || std::find(aims.begin(), aims.end(), static_cast<Window>(w)) != aims.end())
-      std::printf("%s %s %d (%d)", w ? "," : "", kWindowNames[w], b.landed[w], b.aimed[w]);
-  std::printf("\n");
-  std::fflush(stdout);
-  for (Window w : aims) {
-    if (aimed_lives < n_aims && b.aimed[static_cast<int>(w)] == 0) continue;
-    EXPECT_GT(b.landed[static_cast<int>(w)], 0)
-        << "no kill landed in window " << name_of(w) << " (" << t.name << ", seed " << seed << ")";
-  }
-  if (aimed_lives < n_aims)
-    std::printf("cp crash torture [%s]: %d lives aim at only %d of the %d windows; the check above covers "
-                "those aimed at\n",
-                t.name.c_str(), lives, aimed_lives, n_aims);
+  check_windows_hit("cp crash torture", t.name, seed, aims, b, aimed_lives);
   if (lives >= kTimingChecksFrom) {
     EXPECT_GT(b.kills, lives / 2) << "too few lives were killed; timing is off";
     EXPECT_GT(interrupted_total, lives / 8) << "too few kills interrupted a copy; timing is off";

@@ -723,6 +723,14 @@ void collect_leftovers(CheckpointManager& m, const std::vector<int64_t>& steps, 
 }
 
 // The checks after a kill (see the top of the file).
+// Whether the target's store commits by renaming (POSIX) or by putting the
+// index (object stores): which windows of the commit exist.
+bool store_renames(const TortureTarget& t) {
+  auto storage = open_storage(t.uri, checker_storage(t));
+  EXPECT_TRUE(storage.ok()) << storage.status().to_string();
+  return storage.ok() && (*storage)->caps().atomic_rename;
+}
+
 // Prints the kills by the window they landed in (aimed ones in
 // parentheses), and checks that every window of `aims` took one: the aimed
 // lives see to the narrow ones; with fewer aimed lives than windows, only
@@ -894,12 +902,7 @@ void run_kill_torture(const TortureTarget& t) {
   // The windows aimed lives stop a child in, in a seeded order, taken in
   // turn: every fourth life, and as many more at the end as it takes to aim
   // at each window once when the kills are few.
-  bool renames = false;
-  {
-    auto storage = open_storage(t.uri, checker_storage(t));
-    ASSERT_TRUE(storage.ok()) << storage.status().to_string();
-    renames = (*storage)->caps().atomic_rename;
-  }
+  const bool renames = store_renames(t);
   std::vector<Window> aims = aimable_windows(renames, t.keep > 0);
   std::shuffle(aims.begin(), aims.end(), rng);
   const int n_aims = static_cast<int>(aims.size());
@@ -1350,12 +1353,7 @@ void run_group_kill_torture(const TortureTarget& t, double timeout_s) {
   // The (window, role) pairs aimed at, in a seeded order, taken in turn:
   // every other round, and as many more at the end as it takes to aim at
   // each pair once when the rounds are few.
-  bool renames = false;
-  {
-    auto storage = open_storage(t.uri, checker_storage(t));
-    ASSERT_TRUE(storage.ok()) << storage.status().to_string();
-    renames = (*storage)->caps().atomic_rename;
-  }
+  const bool renames = store_renames(t);
   std::vector<GroupAim> aims = group_aims(renames, t.keep > 0);
   std::shuffle(aims.begin(), aims.end(), rng);
   const int n_aims = static_cast<int>(aims.size());

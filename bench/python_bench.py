@@ -705,7 +705,7 @@ def targets(res):
             return ""
         return "; %g× it is %.2f GB/s, fio's best %s in this run %.2f GB/s%s" % (
             times, times * x, "write" if "write" in fio else "read", f,
-            " (beyond the disk)" if times * x > f else "")
+            " (above fio's best)" if times * x > f else "")
     v = ratio("py_borrow_save_gbps", "torch_save_gbps")
     add("Python save ÷ torch.save + fsync", v, 3, ">=", "%s×" % _f(v),
         "ckptio borrow, save() to commit" + bound("torch_save_gbps", 3, "fio_write_best_gbps"))

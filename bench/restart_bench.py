@@ -7,6 +7,8 @@ touched, against the disk's best read and what a user would run instead.
       [--sizes 2GiB,half] [--repeat 3] [--dir /var/tmp] [--json FILE|-]
   bench/restart_bench.py --ckptio ... --prefault-pairs 10 --ckpt DIR   (prefault on against off only)
   bench/restart_bench.py --ckptio ... --python-pairs 10 --ckpt DIR     (the CLI against the Python package only)
+  bench/restart_bench.py --touch-pairs 6      (first touch of freshly freed memory against idle free memory)
+  bench/restart_bench.py --contention-rounds 5 --ckpt DIR   (the disk's read alone and while memory is first-touched)
 
 After the sizes, --sharded SIZE (default 2GiB): a step saved by 8 processes
 (dim 0 of every leaf over dp=8) restarted by 1, 2 and 3 fresh processes
@@ -31,7 +33,11 @@ in a fresh process, the order rotated by one each repetition:
              the reads themselves, as before issue 30): what prefaulting is worth;
   python     the same through the Python package: CheckpointManager(DIR).restore();
   numpy      numpy.load of every .npy;
-  torch      torch.load of the state_dict.
+  torch      torch.load of the state_dict;
+  touch      no disk: a process that first-touches as many bytes of fresh
+             anonymous memory (MADV_POPULATE_WRITE, one thread, 4 KiB pages),
+             timed inside the child: what this VM's fresh memory allows in this
+             repetition, since every restart writes into memory it never touched.
 The time of a contender is from just before the parent starts its process to
 the moment the child reports the state restored (CLOCK_MONOTONIC, shared by
 both), so interpreter start, imports, discovery and the index are in it and
@@ -54,6 +60,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 GiB = 1 << 30
 MiB = 1 << 20
+MADV_POPULATE_WRITE = 23  # Linux 5.14; Python's mmap module passes it through
 
 
 def log(msg):
@@ -95,6 +102,14 @@ def leaf(tree, name):
 def child(a):
     """One contender's restore in this fresh process; prints JSON with the
     moment the state was in memory, then checks it."""
+    if a.child == "touch":  # first touch of fresh memory, 4 KiB pages, one thread (no THP: not madvised)
+        import mmap
+        t0 = time.monotonic()
+        m = mmap.mmap(-1, a.bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        m.madvise(MADV_POPULATE_WRITE)
+        ready = time.monotonic()
+        print(json.dumps({"ready_monotonic_s": ready, "touch_seconds": ready - t0, "verified": True}))
+        return 0
     if a.child == "python_stats":  # --python-pairs: the restore's own time too (checksums verified inside)
         import ckptio
         imported = time.monotonic()
@@ -243,6 +258,10 @@ class Run:
                                                        ("fio_1x32_1m", "fio_8x8_8m", "fio_buffered")))
             return
         self.drop()
+        if who == "touch":  # what this VM's fresh memory allows right now: no disk at all
+            _, _, j = spawn(me + ["--child", "touch", "--bytes", str(size)], env)
+            runs.setdefault("touch_gbps", []).append(size / j["touch_seconds"] / 1e9)
+            return
         if who in ("ckptio", "ckptio_noprefault"):
             s, rss, j = spawn([a.ckptio, "synth", "check", os.path.join(d, "ckpt"), "--json",
                                "--batch", str(4 * size)] + (["--no-prefault"] if who != "ckptio" else []))
@@ -264,7 +283,7 @@ class Run:
 
     def size(self, size):
         d, expect, data, total = self.setup(size)
-        order = ["fio", "ckptio", "python", "numpy", "ckptio_noprefault"] + (["torch"] if os.path.exists(os.path.join(d, "state.pt"))
+        order = ["fio", "ckptio", "python", "numpy", "ckptio_noprefault", "touch"] + (["torch"] if os.path.exists(os.path.join(d, "state.pt"))
                                                          else [])
         runs = {}
         for r in range(self.a.repeat):
@@ -340,6 +359,7 @@ TARGETS = (  # (name, figure key, goal, op): the issue's targets, per size
     ("restart ÷ numpy.load", "ckptio_vs_numpy", 1.2, ">="),
     ("restart ÷ torch.load", "ckptio_vs_torch", None, None),
     ("prefault on ÷ off", "prefault_on_vs_off", None, None),
+    ("restart ÷ first touch of fresh memory", "ckptio_vs_touch", None, None),
     ("Python package ÷ CLI, from process start", "python_vs_cli", None, None),
     ("Python package ÷ CLI, from `import ckptio` done", "python_after_import_vs_cli", 0.95, ">="),
     ("CLI peak RSS ÷ state", "ckptio_peak_rss_over_state", 1.05, "<="),
@@ -352,7 +372,7 @@ def ratios(res):
     the same ratio within each repetition (contenders of one repetition ran
     back to back)."""
     out = {}
-    for name, s in res["sizes"].items():
+    for name, s in sorted(res["sizes"].items(), key=lambda kv: kv[1]["bytes"]):  # (results.json sorts keys)
         r = s["runs"]
         m = {k: med(v) for k, v in r.items()}
 
@@ -366,7 +386,8 @@ def ratios(res):
                "ckptio_vs_torch": ratio("ckptio_gbps", "torch_gbps"),
                "python_vs_cli": ratio("python_gbps", "ckptio_gbps"),
                "python_after_import_vs_cli": ratio("python_after_import_gbps", "ckptio_gbps"),
-               "prefault_on_vs_off": ratio("ckptio_gbps", "ckptio_noprefault_gbps")}
+               "prefault_on_vs_off": ratio("ckptio_gbps", "ckptio_noprefault_gbps"),
+               "ckptio_vs_touch": ratio("ckptio_gbps", "touch_gbps")}
         for k in ("ckptio_peak_rss_over_state", "python_peak_rss_over_state"):
             row[k] = {"median": m.get(k), "per_rep": r.get(k, [])}
         out[name] = row
@@ -381,17 +402,17 @@ def verdict(v, goal, op):
 
 def table(res):
     lines = []
-    for name, s in res["sizes"].items():
+    for name, s in sorted(res["sizes"].items(), key=lambda kv: kv[1]["bytes"]):  # (results.json sorts keys)
         r = s["runs"]
         lines.append("%s, medians of %d (min-max), cold cache, fresh process:" % (name, s["repeat"]))
         for k in ("fio_1x32_1m", "fio_8x8_8m", "fio_buffered", "fio_best", "ckptio_gbps",
                   "ckptio_restore_only_gbps", "ckptio_noprefault_gbps", "python_gbps", "python_after_import_gbps",
-                  "numpy_gbps", "torch_gbps"):
+                  "numpy_gbps", "torch_gbps", "touch_gbps"):
             if r.get(k):
                 lines.append("  %-28s %6.2f GB/s  (%.2f-%.2f)" % (k, med(r[k]), min(r[k]), max(r[k])))
         for label, key, goal, op in TARGETS:
-            f = res["ratios"][name][key]
-            if f["median"] is not None:
+            f = res["ratios"][name].get(key)
+            if f and f["median"] is not None:
                 lines.append("  %-28s %6.3f  (per rep %s) %s" % (
                     label, f["median"], ", ".join("%.2f" % x for x in f["per_rep"]), verdict(f["median"], goal, op)))
     for name, sh in res.get("sharded", {}).items():
@@ -421,7 +442,8 @@ ROWS = (("fio_best", "fio, best of the three reads below"),
         ("python_gbps", "ckptio's Python package: `CheckpointManager(DIR).restore()`"),
         ("python_after_import_gbps", "(the same, from `import ckptio` done: interpreter and numpy loaded)"),
         ("numpy_gbps", "numpy.load of one .npy per leaf"),
-        ("torch_gbps", "torch.load of the state_dict"))
+        ("torch_gbps", "torch.load of the state_dict"),
+        ("touch_gbps", "(no disk) first touch of as much fresh memory, one thread, 4 KiB pages"))
 
 
 def markdown(res, level="##"):
@@ -433,7 +455,7 @@ def markdown(res, level="##"):
          "timed from just before the parent starts it to the moment it reports the state in memory; "
          "contenders rotated each repetition. ckptio verifies every checksum inside that time; the others "
          "are checked (CRC32 per leaf) after it." % ("yes" if res["cold_cache"] else "NO"), ""]
-    for name, s in res["sizes"].items():
+    for name, s in sorted(res["sizes"].items(), key=lambda kv: kv[1]["bytes"]):  # (results.json sorts keys)
         r, rat = s["runs"], res["ratios"][name]
         L += ["%s# %s (%d leaves), %d repetition(s)" % (level, name, s.get("leaves", 295), s["repeat"]), "",
               "| read into fresh memory | GB/s, median (min-max) | seconds |", "|---|---|---|"]
@@ -445,8 +467,8 @@ def markdown(res, level="##"):
                                                             "%.2f" % med(secs) if secs else ""))
         L += ["", "| target | goal | median | per repetition | verdict |", "|---|---|---|---|---|"]
         for label, key, goal, op in TARGETS:
-            f = rat[key]
-            if f["median"] is None:
+            f = rat.get(key)  # (a row added later is missing from older results)
+            if not f or f["median"] is None:
                 continue
             L.append("| %s | %s | %.3f | %s | %s |" % (
                 label, "%s %.2f" % ("≥" if op == ">=" else "≤", goal) if goal else "(reported)", f["median"],
@@ -545,6 +567,70 @@ def python_pairs(a):
     return 0
 
 
+def touch_pairs(a):
+    """--touch-pairs N [--touch-size 4GiB]: how fast this VM lets a process
+    first-touch memory that another process has just freed, against the same
+    after the freed memory sat idle for --touch-wait seconds: N pairs, the
+    order alternated; each side first runs a process that touches and frees as
+    much. Where the kernel reports free pages to the host (virtio-balloon free
+    page reporting, `page_reporting.page_reporting_order` on the kernel command
+    line), idle free memory is handed back and each first touch of it faults on
+    the host too."""
+    size = parse_size(a.touch_size)
+    me = [sys.executable, os.path.abspath(__file__), "--child", "touch", "--bytes", str(size)]
+    res = {"right after": [], "after the wait": []}
+    for r in range(a.touch_pairs):
+        for who in (("right after", "after the wait") if r % 2 == 0 else ("after the wait", "right after")):
+            spawn(me)  # touches `size` and exits: that memory is free again
+            if who != "right after":
+                time.sleep(a.touch_wait)
+            _, _, j = spawn(me)
+            res[who].append(size / j["touch_seconds"] / 1e9)
+    page_reporting = [w for w in open("/proc/cmdline").read().split() if "page_reporting" in w]
+    print("first touch of %s of fresh memory (one thread, 4 KiB pages), %d pairs, GB/s median (min-max): "
+          "right after another process freed as much %.2f (%.2f-%.2f); after %g s idle %.2f (%.2f-%.2f); "
+          "kernel command line: %s" % (
+              size_name(size), a.touch_pairs, med(res["right after"]), min(res["right after"]),
+              max(res["right after"]), a.touch_wait, med(res["after the wait"]), min(res["after the wait"]),
+              max(res["after the wait"]), " ".join(page_reporting) or "no page_reporting setting"))
+    return 0
+
+
+def contention_rounds(a):
+    """--contention-rounds N --ckpt DIR: does reading the disk slow down while
+    fresh memory is first-touched? Per round, each after dropping the page
+    cache: fio reading the step's data file (1 job, depth 32, 1 MiB, O_DIRECT,
+    as much as the touch), the first touch of as many fresh bytes (the `touch`
+    child), then both at once (fio on a thread of this process, the touch in
+    its child). A restart does both: it reads into memory it has never touched."""
+    import threading
+    import contenders as C
+    step = os.path.join(a.ckpt, sorted(d for d in os.listdir(a.ckpt) if d.startswith("run-"))[-1])
+    data = max((os.path.join(step, f) for f in os.listdir(step) if f.endswith(".bin")), key=os.path.getsize)
+    size = os.path.getsize(data) // MiB * MiB
+    me = [sys.executable, os.path.abspath(__file__), "--child", "touch", "--bytes", str(size)]
+    res = {k: [] for k in ("fio", "touch", "fio_with_touch", "touch_with_fio")}
+    for _ in range(a.contention_rounds):
+        drop_caches()
+        res["fio"].append(C.fio_job(data, size, "read", 1, 32, MiB, True))
+        drop_caches()
+        res["touch"].append(size / spawn(me)[2]["touch_seconds"] / 1e9)
+        drop_caches()
+        got = {}
+        t = threading.Thread(target=lambda: got.update(f=C.fio_job(data, size, "read", 1, 32, MiB, True)))
+        t.start()
+        res["touch_with_fio"].append(size / spawn(me)[2]["touch_seconds"] / 1e9)
+        t.join()
+        res["fio_with_touch"].append(got["f"])
+    r = lambda k: "%.2f (%.2f-%.2f)" % (med(res[k]), min(res[k]), max(res[k]))  # noqa: E731
+    print("%s, %d rounds, GB/s median (min-max): fio read alone %s, while fresh memory is touched %s (%.2f of "
+          "alone); first touch alone %s, while fio reads %s (%.2f of alone)" % (
+              size_name(size), a.contention_rounds, r("fio"), r("fio_with_touch"),
+              med(res["fio_with_touch"]) / med(res["fio"]), r("touch"), r("touch_with_fio"),
+              med(res["touch_with_fio"]) / med(res["touch"])))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ckptio", default=os.path.join(ROOT, "build", "bin", "ckptio"))
@@ -558,6 +644,13 @@ def main():
                     help="only compare `synth check` with and without --no-prefault, N pairs, on --ckpt")
     ap.add_argument("--python-pairs", type=int, default=0, metavar="N",
                     help="only compare the CLI's restart with the Python package's, N pairs, on --ckpt")
+    ap.add_argument("--touch-pairs", type=int, default=0, metavar="N",
+                    help="only time the first touch of freshly freed memory against memory idle --touch-wait s")
+    ap.add_argument("--touch-size", default="4GiB")
+    ap.add_argument("--contention-rounds", type=int, default=0, metavar="N",
+                    help="only time fio's read of --ckpt's data alone and while fresh memory is first-touched")
+    ap.add_argument("--touch-wait", type=float, default=8.0)
+    ap.add_argument("--bytes", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--ckpt", default=None,
                     help="a checkpoint directory (`ckptio synth save`) for --prefault-pairs / --python-pairs")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -572,6 +665,10 @@ def main():
     if a.prefault_pairs:
         a.ckptio = os.path.abspath(a.ckptio)
         return prefault_pairs(a)
+    if a.touch_pairs:
+        return touch_pairs(a)
+    if a.contention_rounds:
+        return contention_rounds(a)
     if a.python_pairs:
         a.ckptio = os.path.abspath(a.ckptio)
         return python_pairs(a)

@@ -396,16 +396,16 @@ int report_bench(const BenchCmd& o, const BenchSetup& setup, const std::vector<R
                           {"stall_ms", round_to(med(&Run::stall_ms), 3)},
                           {"memcpy_ms", round_to(memcpy_ms, 3)},
                           {"stall_vs_memcpy", round_to(median(stall_ratio), 3)},
-                          {"setup.first_touch_gbps", round_to(setup.first_touch_gbps, 4)},
+                          {"first_touch_gbps", round_to(setup.first_touch_gbps, 4)},
                           {"peak_rss_bytes", static_cast<uint64_t>(median(rss))},
-                          {"setup.rss_limit_bytes", setup.rss_limit},
+                          {"rss_limit_bytes", setup.rss_limit},
                           {"rss_ok", rss_ok},
                           {"verified", verified},
                           {"cold_cache", cold},
                           {"generate_seconds", round_to(setup.gen_seconds, 4)},
                           {"warmup", std::move(warm_json)},
                           {"runs", std::move(runs_json)}};
-    if (!cold) out["cold_setup.cache_note"] = setup.cache_note;
+    if (!cold) out["cold_cache_note"] = setup.cache_note;
     if (!error.empty()) out["error"] = error;
     std::printf("%s\n", out.dump(2).c_str());
   } else {

@@ -21,8 +21,10 @@ same leaves (bench/synthpy.py), writes them as one .npy per leaf and as one
 torch.save of the state_dict (each fsynced), writes the leaves' CRC32s, and
 exits, so that the parent holds no state while the contenders run.
 
-Per repetition, each contender after `sync; echo 3 > /proc/sys/vm/drop_caches`,
-in a fresh process, the order rotated by one each repetition:
+Per repetition, each contender after `sync; echo 3 > /proc/sys/vm/drop_caches`
+and --settle seconds (default 8: the memory the previous contender freed goes
+idle for every contender alike, docs/restart.md), in a fresh process, the order
+rotated by one each repetition:
   fio        the best of three reads of the step's data file: one job at depth
              32 with 1 MiB blocks (O_DIRECT, io_uring), 8 jobs at depth 8 with
              8 MiB blocks over eighths of the file, one buffered job (psync, 1 MiB);
@@ -217,6 +219,11 @@ class Run:
 
     def drop(self):
         self.cold &= drop_caches()
+        # Let the memory just freed go idle: where the kernel reports free pages to the host
+        # (docs/restart.md), a contender started at once would inherit the previous one's
+        # page cache still backed, and first-touch it ~2x faster than one started after an
+        # O_DIRECT reader, so the rotation order, not the contender, would set its speed.
+        time.sleep(self.a.settle)
 
     def fio_one(self, path, size, jobs, depth, bs, direct):
         import contenders as C
@@ -451,10 +458,11 @@ def markdown(res, level="##"):
          "Command: `%s`%s  " % (res["command"], " (run by `%s`)" % res["run_by"] if res.get("run_by") else ""),
          "Date: %s (%.1f min); load average %s at the start, %s at the end; scratch on %s  " % (
              res["date"], res["seconds"] / 60, res["load_start"], res["load_end"], res["filesystem"]),
-         "Each contender in a fresh process after `sync; echo 3 > /proc/sys/vm/drop_caches` (done: **%s**), "
+         "Each contender in a fresh process after `sync; echo 3 > /proc/sys/vm/drop_caches` (done: **%s**)%s, "
          "timed from just before the parent starts it to the moment it reports the state in memory; "
          "contenders rotated each repetition. ckptio verifies every checksum inside that time; the others "
-         "are checked (CRC32 per leaf) after it." % ("yes" if res["cold_cache"] else "NO"), ""]
+         "are checked (CRC32 per leaf) after it." % ("yes" if res["cold_cache"] else "NO",
+                                                     " and %g s idle" % res["settle"] if res.get("settle") else ""), ""]
     for name, s in sorted(res["sizes"].items(), key=lambda kv: kv[1]["bytes"]):  # (results.json sorts keys)
         r, rat = s["runs"], res["ratios"][name]
         L += ["%s# %s (%d leaves), %d repetition(s)" % (level, name, s.get("leaves", 295), s["repeat"]), "",
@@ -647,6 +655,8 @@ def main():
     ap.add_argument("--touch-pairs", type=int, default=0, metavar="N",
                     help="only time the first touch of freshly freed memory against memory idle --touch-wait s")
     ap.add_argument("--touch-size", default="4GiB")
+    ap.add_argument("--settle", type=float, default=8.0,
+                    help="seconds to wait after dropping the page cache, before each contender (default 8)")
     ap.add_argument("--contention-rounds", type=int, default=0, metavar="N",
                     help="only time fio's read of --ckpt's data alone and while fresh memory is first-touched")
     ap.add_argument("--touch-wait", type=float, default=8.0)
@@ -682,7 +692,7 @@ def main():
                         capture_output=True, text=True).stdout.strip()
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "ckptio": a.ckptio, "sizes": {},
            "errors": run.errors, "load_start": loadavg(), "filesystem": fs or "?",
-           "command": " ".join(["bench/restart_bench.py"] + sys.argv[1:])}
+           "command": " ".join(["bench/restart_bench.py"] + sys.argv[1:]), "settle": a.settle}
     t = time.monotonic()
     try:
         for s in filter(None, a.sizes.split(",")):

@@ -22,7 +22,7 @@ torch.save of the state_dict (each fsynced), writes the leaves' CRC32s, and
 exits, so that the parent holds no state while the contenders run.
 
 Per repetition, each contender after `sync; echo 3 > /proc/sys/vm/drop_caches`
-and --settle seconds (default 8: the memory the previous contender freed goes
+and --settle seconds (default 8; not before fio: the memory the previous contender freed goes
 idle for every contender alike, docs/restart.md), in a fresh process, the order
 rotated by one each repetition:
   fio        the best of three reads of the step's data file: one job at depth
@@ -85,6 +85,21 @@ def size_name(n):
 
 def med(v):
     return statistics.median(v) if v else None
+
+
+def sizes_in_order(res):
+    """The sizes of a result, smallest first (results.json sorts its keys)."""
+    return sorted(res["sizes"].items(), key=lambda kv: kv[1]["bytes"])
+
+
+def largest_data_file(step_dir):
+    return max((os.path.join(step_dir, f) for f in os.listdir(step_dir) if f.endswith(".bin")), key=os.path.getsize)
+
+
+def first_touch_gbps(size, env=None):
+    """GB/s of a fresh process's first touch of `size` bytes (the `touch` child)."""
+    _, _, j = spawn([sys.executable, os.path.abspath(__file__), "--child", "touch", "--bytes", str(size)], env)
+    return size / j["touch_seconds"] / 1e9
 
 
 # ---- children -----------------------------------------------------------------------
@@ -217,8 +232,10 @@ class Run:
         self.errors = []
         self.cold = True
 
-    def drop(self):
+    def drop(self, settle=True):
         self.cold &= drop_caches()
+        if not settle:  # (fio reads into one reused buffer: it touches no fresh memory)
+            return
         # Let the memory just freed go idle: where the kernel reports free pages to the host
         # (docs/restart.md), a contender started at once would inherit the previous one's
         # page cache still backed, and first-touch it ~2x faster than one started after an
@@ -227,7 +244,7 @@ class Run:
 
     def fio_one(self, path, size, jobs, depth, bs, direct):
         import contenders as C
-        self.drop()
+        self.drop(settle=False)
         return C.fio_job(path, size, "read", jobs, depth, bs, direct)
 
     def setup(self, size):
@@ -248,8 +265,7 @@ class Run:
         log("%s: the same leaves as .npy files and a torch.save (a child process)" % size_name(size))
         subprocess.run([sys.executable, os.path.abspath(__file__), "--export", "--path", d, "--expect", expect],
                        check=True)
-        step = os.path.join(d, "ckpt", "run-1")
-        data = max((os.path.join(step, f) for f in os.listdir(step) if f.endswith(".bin")), key=os.path.getsize)
+        data = largest_data_file(os.path.join(d, "ckpt", "run-1"))
         return d, expect, data, sum(l["bytes"] for l in leaves)
 
     def contender(self, who, d, expect, data, size, runs):
@@ -266,8 +282,7 @@ class Run:
             return
         self.drop()
         if who == "touch":  # what this VM's fresh memory allows right now: no disk at all
-            _, _, j = spawn(me + ["--child", "touch", "--bytes", str(size)], env)
-            runs.setdefault("touch_gbps", []).append(size / j["touch_seconds"] / 1e9)
+            runs.setdefault("touch_gbps", []).append(first_touch_gbps(size, env))
             return
         if who in ("ckptio", "ckptio_noprefault"):
             s, rss, j = spawn([a.ckptio, "synth", "check", os.path.join(d, "ckpt"), "--json",
@@ -379,7 +394,7 @@ def ratios(res):
     the same ratio within each repetition (contenders of one repetition ran
     back to back)."""
     out = {}
-    for name, s in sorted(res["sizes"].items(), key=lambda kv: kv[1]["bytes"]):  # (results.json sorts keys)
+    for name, s in res["sizes"].items():
         r = s["runs"]
         m = {k: med(v) for k, v in r.items()}
 
@@ -409,7 +424,7 @@ def verdict(v, goal, op):
 
 def table(res):
     lines = []
-    for name, s in sorted(res["sizes"].items(), key=lambda kv: kv[1]["bytes"]):  # (results.json sorts keys)
+    for name, s in sizes_in_order(res):
         r = s["runs"]
         lines.append("%s, medians of %d (min-max), cold cache, fresh process:" % (name, s["repeat"]))
         for k in ("fio_1x32_1m", "fio_8x8_8m", "fio_buffered", "fio_best", "ckptio_gbps",
@@ -463,7 +478,7 @@ def markdown(res, level="##"):
          "contenders rotated each repetition. ckptio verifies every checksum inside that time; the others "
          "are checked (CRC32 per leaf) after it." % ("yes" if res["cold_cache"] else "NO",
                                                      " and %g s idle" % res["settle"] if res.get("settle") else ""), ""]
-    for name, s in sorted(res["sizes"].items(), key=lambda kv: kv[1]["bytes"]):  # (results.json sorts keys)
+    for name, s in sizes_in_order(res):
         r, rat = s["runs"], res["ratios"][name]
         L += ["%s# %s (%d leaves), %d repetition(s)" % (level, name, s.get("leaves", 295), s["repeat"]), "",
               "| read into fresh memory | GB/s, median (min-max) | seconds |", "|---|---|---|"]
@@ -585,15 +600,13 @@ def touch_pairs(a):
     line), idle free memory is handed back and each first touch of it faults on
     the host too."""
     size = parse_size(a.touch_size)
-    me = [sys.executable, os.path.abspath(__file__), "--child", "touch", "--bytes", str(size)]
     res = {"right after": [], "after the wait": []}
     for r in range(a.touch_pairs):
         for who in (("right after", "after the wait") if r % 2 == 0 else ("after the wait", "right after")):
-            spawn(me)  # touches `size` and exits: that memory is free again
+            first_touch_gbps(size)  # touches `size` and exits: that memory is free again
             if who != "right after":
                 time.sleep(a.touch_wait)
-            _, _, j = spawn(me)
-            res[who].append(size / j["touch_seconds"] / 1e9)
+            res[who].append(first_touch_gbps(size))
     page_reporting = [w for w in open("/proc/cmdline").read().split() if "page_reporting" in w]
     print("first touch of %s of fresh memory (one thread, 4 KiB pages), %d pairs, GB/s median (min-max): "
           "right after another process freed as much %.2f (%.2f-%.2f); after %g s idle %.2f (%.2f-%.2f); "
@@ -614,20 +627,19 @@ def contention_rounds(a):
     import threading
     import contenders as C
     step = os.path.join(a.ckpt, sorted(d for d in os.listdir(a.ckpt) if d.startswith("run-"))[-1])
-    data = max((os.path.join(step, f) for f in os.listdir(step) if f.endswith(".bin")), key=os.path.getsize)
+    data = largest_data_file(step)
     size = os.path.getsize(data) // MiB * MiB
-    me = [sys.executable, os.path.abspath(__file__), "--child", "touch", "--bytes", str(size)]
     res = {k: [] for k in ("fio", "touch", "fio_with_touch", "touch_with_fio")}
     for _ in range(a.contention_rounds):
         drop_caches()
         res["fio"].append(C.fio_job(data, size, "read", 1, 32, MiB, True))
         drop_caches()
-        res["touch"].append(size / spawn(me)[2]["touch_seconds"] / 1e9)
+        res["touch"].append(first_touch_gbps(size))
         drop_caches()
         got = {}
         t = threading.Thread(target=lambda: got.update(f=C.fio_job(data, size, "read", 1, 32, MiB, True)))
         t.start()
-        res["touch_with_fio"].append(size / spawn(me)[2]["touch_seconds"] / 1e9)
+        res["touch_with_fio"].append(first_touch_gbps(size))
         t.join()
         res["fio_with_touch"].append(got["f"])
     r = lambda k: "%.2f (%.2f-%.2f)" % (med(res[k]), min(res[k]), max(res[k]))  # noqa: E731

@@ -26,8 +26,9 @@ Per repetition (the order of the contenders rotates by one each repetition):
            measured right after), `ckptio bench` borrow and copy (the C++
            stall of the same leaves), torch.save + fsync, numpy.save per leaf
            + fsync, zarr-python v2 (bench/contenders.py, as bench/run-all);
-  restores (each after `sync; echo 3 > /proc/sys/vm/drop_caches`, each in a
-           fresh process, timed around the load call only, verified against a
+  restores (each after `sync; echo 3 > /proc/sys/vm/drop_caches` and --settle
+           seconds, 8 by default, so that each starts on idle memory as in
+           bench/restart_bench.py (fio's reads excepted), each in a fresh process, timed around the load call only, verified against a
            CRC32 of every leaf afterwards): ckptio's Python restore() and the
            CLI's `ckptio synth check` of the same step (which the Python borrow
            save wrote), torch.load, numpy.load, zarr;
@@ -304,10 +305,16 @@ class Bench:
         log("ERROR " + msg)
         self.errors.append(msg)
 
-    def drop(self):
+    def drop(self, settle=True):
         import contenders as C
         ok = C.drop_caches()
         self.cold &= ok
+        if settle:
+            # Let the memory just freed go idle, as bench/restart_bench.py does: where the
+            # kernel reports free pages to the host (docs/restart.md), a restore started at
+            # once first-touches memory still backed by the host, ~2x faster than one started
+            # after an O_DIRECT reader, so the rotation order would set each contender's speed.
+            time.sleep(self.a.settle)
         return ok
 
     # -- setup
@@ -541,7 +548,7 @@ class Bench:
             import contenders as C
             if not os.path.exists(self.fio_file):
                 C.fio_job(self.fio_file, -(-self.total // (64 * MiB)) * 64 * MiB, "write", 1, 8, 8 * MiB, True)
-            for k, v in C.fio_best(self.fio_file, self.total, "read", drop=self.drop).items():
+            for k, v in C.fio_best(self.fio_file, self.total, "read", drop=lambda: self.drop(settle=False)).items():
                 self.add("fio_read_%s_gbps" % k, v)
         elif who == "zarr_load":
             j = self.child("zarr", os.path.join(self.dir, "zarr"))
@@ -771,7 +778,10 @@ def markdown(res, level="##"):
               size_name(res["bytes"]), res["leaves"], res["repeat"], res["dir"], res["filesystem"]),
           "Python %s, numpy %s, torch %s, zarr %s; extension `%s`  " % (
               res["python"], res["numpy"], res["torch"], res["zarr"], res["extension"]),
-          "Page cache dropped before every read: **%s**" % ("yes" if res["cold_cache"] else "NO"), ""]
+          "Page cache dropped before every read: **%s**%s" % (
+              "yes" if res["cold_cache"] else "NO",
+              ", then %g s idle before each restore but fio's (docs/restart.md)" % res["settle"]
+              if res.get("settle") else ""), ""]
     L += ["| target | goal | this run | verdict |", "|---|---|---|---|"]
     for t in res["targets"]:
         L.append("| %s | %s | %s | %s%s |" % (t["name"], t["goal_text"], t["figure"], verdict(t),
@@ -898,6 +908,9 @@ def main():
     ap.add_argument("--dir", default="/var/tmp", help="where to make the scratch directory (a disk, not tmpfs)")
     ap.add_argument("--json", default="", help="write the results here ('-': print them instead of the table)")
     ap.add_argument("--markdown", default="", help="also write the Markdown section here")
+    ap.add_argument("--settle", type=float, default=8.0,
+                    help="seconds to wait after dropping the page cache, before each restore but fio's "
+                         "(default 8; docs/restart.md, 'Why fresh memory is slow on this VM')")
     ap.add_argument("--idle-window", type=float, default=1.0, help="seconds of each idle-rate window")
     ap.add_argument("--no-gil-control", action="store_true", help="skip the separate-process control")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
@@ -929,7 +942,8 @@ def main():
            "bytes": a.bytes, "leaves": a.leaves, "repeat": a.repeat, "dir": a.workdir, "filesystem": fs,
            "ckptio": a.ckptio, "extension": os.path.relpath(ckptio._ckptio.__file__, ROOT)
            if ckptio._ckptio.__file__.startswith(ROOT) else ckptio._ckptio.__file__,
-           "python": platform.python_version(), "numpy": np.__version__, "nproc": os.cpu_count()}
+           "python": platform.python_version(), "numpy": np.__version__, "nproc": os.cpu_count(),
+           "settle": a.settle}
     b = Bench(a)
     if os.geteuid() != 0:
         b.notes.append("not root: the page cache could not be dropped, so reads may come from memory")

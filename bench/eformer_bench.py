@@ -16,7 +16,9 @@ level 1, tensorstore_index.json and metadata.json. zarr-python writes it
 (the writer a user has today). Writes, rotated each of --reps: zarr-python
 again, `ckptio cp <ckptio step> --format eformer`, and a save straight into
 the layout (CheckpointManager(layout="eformer")). Then, alternated, each in a fresh
-process after the page cache is dropped (root), medians of --reps:
+process after the page cache is dropped (root) and --settle seconds idle
+(default 8, as bench/restart_bench.py and bench/python_bench.py: every
+contender then first-touches idle memory, docs/restart.md), medians of --reps:
   - ckptio restore: `ckptio.CheckpointManager(base).restore()` (discovery,
     index, .zarray files, chunks read and decoded on every core);
   - zarr-python: every array opened and read whole (`z[...]`).
@@ -222,6 +224,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default="/var/tmp/ckptio-eformer-bench")
     ap.add_argument("--json")
+    ap.add_argument("--settle", type=float, default=8.0,
+                    help="seconds idle after each drop, before each restore (default 8; docs/restart.md)")
     ap.add_argument("--ckptio", default=os.path.join(os.path.dirname(HERE), "build", "bin", "ckptio"))
     a = ap.parse_args()
     started, t_start, load_start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.time(), loadavg()
@@ -285,6 +289,7 @@ def main():
     for rep in range(a.reps):
         for who in (("ckptio", "zarr") if rep % 2 == 0 else ("zarr", "ckptio")):
             cold = drop_caches() and cold
+            time.sleep(a.settle)
             t0 = time.time()
             r = run_py(CKPTIO_READ if who == "ckptio" else ZARR_READ, a.dir)
             # From the process's start to its state in memory, as a restart lives it (the check of
@@ -308,7 +313,7 @@ def main():
         with open(a.json, "w") as f:
             json.dump({"command": " ".join(["bench/eformer_bench.py"] + sys.argv[1:]), "date": started,
                        "seconds": time.time() - t_start, "load_start": load_start, "load_end": loadavg(),
-                       "leaves": len(plan), "reps": a.reps, "cold_cache": cold,
+                       "leaves": len(plan), "reps": a.reps, "cold_cache": cold, "settle": a.settle,
                        "raw_bytes": raw, "stored_bytes": stored, "zarr_write_seconds": zwrites,
                        "restore_seconds": rows, "ckptio_write_seconds": writes, "ckptio_save_seconds": saves,
                        "cpu_seconds": cpu, "reshard_bytes_read": rs["bytes_read"],
@@ -345,11 +350,12 @@ def markdown(res, level="##"):
          "normal(0, 0.02) as trained weights are), written by zarr-python as eformer writes an 8-device "
          "data-parallel save: 8 row-band chunks per leaf, zstd level 1; %.2f GiB stored (compression ratio "
          "%.3f)." % (res["leaves"], gib, res["stored_bytes"] / GiB, raw / res["stored_bytes"]), "",
-         "Restores: each in a fresh process after the page cache is dropped (done: **%s**), ckptio and "
+         "Restores: each in a fresh process after the page cache is dropped (done: **%s**)%s, ckptio and "
          "zarr-python alternated, timed from the process's start to the state in memory (each then checks "
          "every leaf against the values written, untimed). Writes: the three writers rotated, every file "
          "fsynced by each." % (
-             "yes" if res["cold_cache"] else "NO"), "",
+             "yes" if res["cold_cache"] else "NO",
+             " and %g s idle (docs/restart.md)" % res["settle"] if res.get("settle") else ""), "",
          "| | median (s) | GB/s | runs (s) |", "|---|---|---|---|",
          "| restore: ckptio (`CheckpointManager(base).restore()`) | %.2f | %.2f | %s |" % (
              rest["ckptio"], raw / rest["ckptio"] / 1e9, runs(res["restore_seconds"]["ckptio"])),

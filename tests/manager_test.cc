@@ -809,7 +809,9 @@ TEST_P(ManagerTest, RestoreIntoFreshMemoryFaultsItInAheadOfTheReads) {
   auto r = m->restore(1);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   expect_restored(*r, state);
-  EXPECT_EQ(r->stats.bytes_prefaulted, (4u << 20) + 1024u * 768 * 2);
+  // The thread stops once the reads have landed (it runs at nice 19 and must
+  // not hold up the restore's return), so it may have done less than all.
+  EXPECT_LE(r->stats.bytes_prefaulted, (4u << 20) + 1024u * 768 * 2);
 
   std::vector<std::byte> big(4u << 20);
   RestoreOptions o;
@@ -817,7 +819,32 @@ TEST_P(ManagerTest, RestoreIntoFreshMemoryFaultsItInAheadOfTheReads) {
   r = m->restore(1, o);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(std::memcmp(big.data(), state[4].bytes.data(), big.size()), 0);
-  EXPECT_EQ(r->stats.bytes_prefaulted, 1024u * 768 * 2) << "only the leaf restore allocated";
+  EXPECT_LE(r->stats.bytes_prefaulted, 1024u * 768 * 2) << "only the leaf restore allocated";
+}
+
+// The prefault thread: every slice of every range when nothing stops it, in
+// 8 MiB slices from the end; nothing once `stop` is set; bytes unchanged.
+TEST(PopulateTest, FaultsEveryRangeInUnlessStoppedAndKeepsTheBytes) {
+  std::vector<std::byte> probe(8192);
+  if (!populate_for_write(probe.data(), probe.size()))
+    GTEST_SKIP() << "SKIPPED: this kernel has no MADV_POPULATE_WRITE (Linux 5.14)";
+  std::vector<std::byte> a(20u << 20, std::byte{7}), b(3u << 20, std::byte{9});
+  std::atomic<uint64_t> done{0};
+  std::atomic<bool> stop{false};
+  auto f = populate_in_background({{a.data(), a.size()}, {b.data(), b.size()}}, &done, &stop);
+  ASSERT_TRUE(f.valid());
+  f.wait();
+  EXPECT_EQ(done.load(), a.size() + b.size());
+  EXPECT_EQ(a[0], std::byte{7});
+  EXPECT_EQ(a.back(), std::byte{7});
+  EXPECT_EQ(b[b.size() / 2], std::byte{9});
+
+  done = 0;
+  stop = true;
+  f = populate_in_background({{a.data(), a.size()}}, &done, &stop);
+  ASSERT_TRUE(f.valid());
+  f.wait();
+  EXPECT_EQ(done.load(), 0u) << "a set stop ends the thread before its first slice";
 }
 
 // Leaf paths come from the index (outside data) and may be long; selection

@@ -20,6 +20,8 @@
 
 #include "src/restore/restore_sharded.h"
 
+#include <atomic>
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -409,7 +411,7 @@ class ShardedConsumer : public ReadConsumer {
 // reads go on. Not the targets reads land in directly: the kernel faults
 // those in as each read is submitted, and a second faulting thread measured
 // slower there on 2 cores (docs/benchmarks/history.md, "Full runs").
-std::future<void> prefault_copied_targets(const std::vector<LeafJob>& jobs) {
+std::future<void> prefault_copied_targets(const std::vector<LeafJob>& jobs, const std::atomic<bool>* stop) {
   std::vector<std::pair<std::byte*, uint64_t>> ranges;
   for (const LeafJob& job : jobs) {
     std::vector<bool> direct(job.target_ptrs.size(), false);
@@ -419,7 +421,7 @@ std::future<void> prefault_copied_targets(const std::vector<LeafJob>& jobs) {
     for (size_t i = 0; i < job.target_ptrs.size(); ++i)
       if (!direct[i]) ranges.emplace_back(job.target_ptrs[i], job.buffers[i].size());
   }
-  return populate_in_background(std::move(ranges));
+  return populate_in_background(std::move(ranges), nullptr, stop);
 }
 
 }  // namespace
@@ -455,7 +457,8 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
   std::vector<ExecRead> reads = executor_reads(jobs, object_store, po.max_gap, align, limits, &refs, out);
 
   // Declared after `jobs`, which owns the buffers: joined before they are freed.
-  std::future<void> prefault = prefault_copied_targets(jobs);
+  std::atomic<bool> reads_done{false};
+  std::future<void> prefault = prefault_copied_targets(jobs, &reads_done);
   uint64_t to_read = 0;
   for (const ExecRead& r : reads)
     if (!r.filler) to_read += r.length;
@@ -466,6 +469,7 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
   el.staging_bytes = limits.staging_bytes;
   el.align = align;
   Status st = execute_reads(storage, keys, &reads, consumer, el, "restore step " + std::to_string(step));
+  reads_done.store(true, std::memory_order_relaxed);
   if (prefault.valid()) prefault.wait();
   CKPTIO_RETURN_IF_ERROR(st);
   progress.finish();

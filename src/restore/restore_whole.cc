@@ -242,7 +242,8 @@ class WholeRestore : public ReadConsumer {
     progress_.update(payload_);
   }
   void finish() {
-    for (auto& f : prefaults_) f.wait();  // done by now: the reads have landed
+    reads_done_.store(true, std::memory_order_relaxed);  // the prefault thread stops at its next slice
+    for (auto& f : prefaults_) f.wait();
     release(out_.leaves.size());
     progress_.finish();
   }
@@ -341,6 +342,7 @@ class WholeRestore : public ReadConsumer {
   std::vector<PieceTransform> transforms_;  // per leaf
   std::vector<bool> allocate_later_;        // per leaf: no caller's destination, not yet allocated
   std::vector<bool> allocated_;             // per leaf: a buffer of its own that restore allocated
+  std::atomic<bool> reads_done_{false};       // (before prefaults_, whose threads read it)
   std::vector<std::future<void>> prefaults_;  // prefault(): one per chunk that allocated enough
   std::atomic<uint64_t> prefaulted_{0};
   // Per chunk: its reads end at .first, its leaves at .second.
@@ -556,7 +558,7 @@ void WholeRestore::prefault(size_t leaf_begin, size_t group_begin) {
     if (!allocated_[i] || b.size() < kPrefaultMin || selected_[i].second->shards.size() != 1) continue;
     ranges.emplace_back(b.data(), b.size());
   }
-  std::future<void> f = populate_in_background(std::move(ranges), &prefaulted_);
+  std::future<void> f = populate_in_background(std::move(ranges), &prefaulted_, &reads_done_);
   if (f.valid()) prefaults_.push_back(std::move(f));
 }
 

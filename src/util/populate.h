@@ -29,8 +29,12 @@ bool populate_for_write(void* p, size_t len);
 // and copies filling them from the front meet in the middle. Invalid when
 // there is nothing to do, no thread to be had, or the kernel cannot. The
 // caller waits on it before freeing the ranges. With `populated`, adds the
-// bytes of each slice faulted in as it goes.
+// bytes of each slice faulted in as it goes. With `stop` (which must outlive
+// the wait), it ends before its next slice once *stop is true: the caller
+// sets it when the reads have landed, so that the wait is for one slice at
+// most, not for a nice-19 thread to walk pages the reads faulted in already.
 std::future<void> populate_in_background(std::vector<std::pair<std::byte*, uint64_t>> ranges,
-                                         std::atomic<uint64_t>* populated = nullptr);
+                                         std::atomic<uint64_t>* populated = nullptr,
+                                         const std::atomic<bool>* stop = nullptr);
 
 }  // namespace ckptio

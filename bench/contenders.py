@@ -26,15 +26,35 @@ class ContenderError(RuntimeError):
     pass
 
 
-def drop_caches():
-    """sync, then drop the page cache. True when it was dropped (needs root)."""
+SETTLE_DEFAULT = 8.0
+
+
+def add_settle_arg(ap):
+    """The --settle option of the benchmarks that restore into fresh memory."""
+    ap.add_argument("--settle", type=float, default=SETTLE_DEFAULT,
+                    help="seconds idle after dropping the page cache, before each restore but fio's "
+                         "(default %g; docs/restart.md, 'Why fresh memory is slow on this VM')" % SETTLE_DEFAULT)
+
+
+def drop_caches(settle=0.0):
+    """sync, then drop the page cache. True when it was dropped (needs root).
+
+    settle: seconds to wait after it, so that the memory the previous contender
+    freed goes idle. Where the kernel reports free pages to the host
+    (docs/restart.md), a contender started at once would first-touch that
+    memory still backed, ~2x faster than one started after an O_DIRECT reader,
+    and the rotation order, not the contender, would set its speed. (fio's
+    reads need no wait: they go into one reused buffer.)"""
     subprocess.run(["sync"], check=True)
     try:
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3\n")
-        return True
+        dropped = True
     except OSError:
-        return False
+        dropped = False
+    if settle:
+        time.sleep(settle)
+    return dropped
 
 
 def _run(args, env=None, timeout=None):

@@ -43,7 +43,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from contenders import drop_caches  # noqa: E402
+from contenders import add_settle_arg, drop_caches  # noqa: E402
 
 GiB = 1 << 30
 
@@ -224,8 +224,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default="/var/tmp/ckptio-eformer-bench")
     ap.add_argument("--json")
-    ap.add_argument("--settle", type=float, default=8.0,
-                    help="seconds idle after each drop, before each restore (default 8; docs/restart.md)")
+    add_settle_arg(ap)
     ap.add_argument("--ckptio", default=os.path.join(os.path.dirname(HERE), "build", "bin", "ckptio"))
     a = ap.parse_args()
     started, t_start, load_start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.time(), loadavg()
@@ -288,8 +287,7 @@ def main():
     cpu = []
     for rep in range(a.reps):
         for who in (("ckptio", "zarr") if rep % 2 == 0 else ("zarr", "ckptio")):
-            cold = drop_caches() and cold
-            time.sleep(a.settle)
+            cold = drop_caches(a.settle) and cold
             t0 = time.time()
             r = run_py(CKPTIO_READ if who == "ckptio" else ZARR_READ, a.dir)
             # From the process's start to its state in memory, as a restart lives it (the check of

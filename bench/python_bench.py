@@ -28,7 +28,8 @@ Per repetition (the order of the contenders rotates by one each repetition):
            + fsync, zarr-python v2 (bench/contenders.py, as bench/run-all);
   restores (each after `sync; echo 3 > /proc/sys/vm/drop_caches` and --settle
            seconds, 8 by default, so that each starts on idle memory as in
-           bench/restart_bench.py (fio's reads excepted), each in a fresh process, timed around the load call only, verified against a
+           bench/restart_bench.py (fio's reads excepted), each in a fresh
+           process, timed around the load call only, verified against a
            CRC32 of every leaf afterwards): ckptio's Python restore() and the
            CLI's `ckptio synth check` of the same step (which the Python borrow
            save wrote), torch.load, numpy.load, zarr;
@@ -307,14 +308,8 @@ class Bench:
 
     def drop(self, settle=True):
         import contenders as C
-        ok = C.drop_caches()
+        ok = C.drop_caches(self.a.settle if settle else 0)
         self.cold &= ok
-        if settle:
-            # Let the memory just freed go idle, as bench/restart_bench.py does: where the
-            # kernel reports free pages to the host (docs/restart.md), a restore started at
-            # once first-touches memory still backed by the host, ~2x faster than one started
-            # after an O_DIRECT reader, so the rotation order would set each contender's speed.
-            time.sleep(self.a.settle)
         return ok
 
     # -- setup
@@ -908,9 +903,8 @@ def main():
     ap.add_argument("--dir", default="/var/tmp", help="where to make the scratch directory (a disk, not tmpfs)")
     ap.add_argument("--json", default="", help="write the results here ('-': print them instead of the table)")
     ap.add_argument("--markdown", default="", help="also write the Markdown section here")
-    ap.add_argument("--settle", type=float, default=8.0,
-                    help="seconds to wait after dropping the page cache, before each restore but fio's "
-                         "(default 8; docs/restart.md, 'Why fresh memory is slow on this VM')")
+    import contenders as C
+    C.add_settle_arg(ap)
     ap.add_argument("--idle-window", type=float, default=1.0, help="seconds of each idle-rate window")
     ap.add_argument("--no-gil-control", action="store_true", help="skip the separate-process control")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)

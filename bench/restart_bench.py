@@ -201,9 +201,9 @@ def export(a):
 
 # ---- the parent ---------------------------------------------------------------------
 
-def drop_caches():
+def drop_caches(settle=0.0):
     import contenders as C
-    return C.drop_caches()
+    return C.drop_caches(settle)
 
 
 def spawn(args, env=None):
@@ -233,14 +233,7 @@ class Run:
         self.cold = True
 
     def drop(self, settle=True):
-        self.cold &= drop_caches()
-        if not settle:  # (fio reads into one reused buffer: it touches no fresh memory)
-            return
-        # Let the memory just freed go idle: where the kernel reports free pages to the host
-        # (docs/restart.md), a contender started at once would inherit the previous one's
-        # page cache still backed, and first-touch it ~2x faster than one started after an
-        # O_DIRECT reader, so the rotation order, not the contender, would set its speed.
-        time.sleep(self.a.settle)
+        self.cold &= drop_caches(self.a.settle if settle else 0)
 
     def fio_one(self, path, size, jobs, depth, bs, direct):
         import contenders as C
@@ -667,8 +660,8 @@ def main():
     ap.add_argument("--touch-pairs", type=int, default=0, metavar="N",
                     help="only time the first touch of freshly freed memory against memory idle --touch-wait s")
     ap.add_argument("--touch-size", default="4GiB")
-    ap.add_argument("--settle", type=float, default=8.0,
-                    help="seconds to wait after dropping the page cache, before each contender (default 8)")
+    import contenders as C
+    C.add_settle_arg(ap)
     ap.add_argument("--contention-rounds", type=int, default=0, metavar="N",
                     help="only time fio's read of --ckpt's data alone and while fresh memory is first-touched")
     ap.add_argument("--touch-wait", type=float, default=8.0)

@@ -20,11 +20,10 @@
 
 #include "src/restore/restore_sharded.h"
 
-#include <atomic>
-
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <future>
 #include <map>
 #include <memory>

@@ -331,6 +331,37 @@ TEST_P(EformerWriterZarrPythonTest, ZarrPythonReadsWhatTheWriterWrote) {
   fs::remove_all(work);
 }
 
+TEST_P(EformerWriterTest, BorrowedBoxesAreReadOnlyUntilWaitBorrowedReturns) {
+  // Every leaf handed over whole and borrowed: row bands of it are
+  // compressed straight from the caller's memory, other chunks (edges,
+  // column splits, the scalar) copied. A budget of two chunks keeps most
+  // chunks queued while write_box_borrowed() returns, so the buffers are
+  // scribbled over the moment wait_borrowed() returns: a chunk read after it
+  // would restore the scribble. zstd, then none (every chunk copied).
+  for (const auto& [step, codec] : {std::pair<int64_t, zarr::CodecId>{30, zarr::CodecId::kZstd},
+                                    std::pair<int64_t, zarr::CodecId>{40, zarr::CodecId::kNone}}) {
+    const Data data = make_data(static_cast<uint64_t>(step));
+    Data lent = data;  // the caller's buffers
+    EformerWriteOptions o;
+    o.compressor = zarr::Compressor{codec};
+    o.max_pending_bytes = 2 * 16 * 48 * 2;
+    o.threads = 2;
+    auto w = EformerStepWriter::start(*base_, "run-" + std::to_string(step), step, o);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    auto ids = declare(**w);
+    for (size_t i = 0; i < leaves().size(); ++i) {
+      std::vector<std::byte>& bytes = lent.at(name_of(leaves()[i]));
+      Status s = (*w)->write_box_borrowed(ids[i], Box::whole(leaves()[i].shape), bytes);
+      ASSERT_TRUE(s.ok()) << s.to_string();
+    }
+    (*w)->wait_borrowed();
+    for (auto& [name, bytes] : lent) std::fill(bytes.begin(), bytes.end(), std::byte{0xAB});
+    Status c = (*w)->commit();
+    ASSERT_TRUE(c.ok()) << c.to_string();
+    expect_restores(step, data);
+  }
+}
+
 TEST_P(EformerWriterTest, InvisibleUntilCommitAndAbortLeavesNothing) {
   const Data a = make_data(3);
   {

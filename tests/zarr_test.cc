@@ -615,6 +615,27 @@ TEST(ChunkCodec, ZstdRoundTripAndRefusals) {
   EXPECT_EQ(decode_chunk(Compressor{CodecId::kZstd}, damaged, dst).code(), Code::kDataLoss);
 }
 
+TEST(ChunkCodec, EncodeIntoAGivenBufferMatchesEncodeAndNeedsTheBound) {
+  const auto plain = sample_bytes(70'000, 3);
+  ChunkEncoder e;
+  for (CodecId id : {CodecId::kZstd, CodecId::kNone}) {
+    const Compressor c{id, 1};
+    std::vector<std::byte> want;
+    ASSERT_TRUE(e.encode(c, plain, &want).ok());
+    auto bound = encoded_bound(c, plain.size());
+    ASSERT_TRUE(bound.ok());
+    EXPECT_GE(*bound, want.size());
+    std::vector<std::byte> dst(*bound, std::byte{0x5A});
+    auto n = e.encode_into(c, plain, dst);
+    ASSERT_TRUE(n.ok()) << n.status().to_string();
+    ASSERT_EQ(*n, want.size());
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), dst.begin()));
+    // One byte short of the bound is refused, whatever the data would need.
+    std::vector<std::byte> small(*bound - 1);
+    EXPECT_EQ(e.encode_into(c, plain, small).status().code(), Code::kInternal);
+  }
+}
+
 // Blosc, zlib and gzip frames as numcodecs writes them are exercised by the
 // zarr-python fixtures; these are the hostile ones.
 TEST(ChunkCodec, BloscZlibGzipNoneRefusals) {

@@ -328,9 +328,15 @@ Result<CopyStats> to_eformer(Storage& src, const std::string& src_dir, const Ind
   uint64_t done = 0;
   Status st = for_each_group(src, src_dir, index, o.max_memory ? o.max_memory : kDefaultMaxMemory,
                              [&](RestoredState& group) -> Status {
+    // The group's memory is reused once this returns: the writer compresses
+    // from it directly, so every return waits until it has read it all.
+    struct WaitBorrowed {
+      zarr::EformerStepWriter& w;
+      ~WaitBorrowed() { w.wait_borrowed(); }
+    } wait{*writer};
     for (Tensor& t : group.leaves) {
-      CKPTIO_RETURN_IF_ERROR(writer->write_box(ids.at({t.prefix, t.path}), Box::whole(t.shape),
-                                               {t.data.data(), t.data.size()}));
+      CKPTIO_RETURN_IF_ERROR(writer->write_box_borrowed(ids.at({t.prefix, t.path}), Box::whole(t.shape),
+                                                        {t.data.data(), t.data.size()}));
       done += t.data.size();
       stats.shards += 1;
       CKPTIO_RETURN_IF_ERROR(progress(o, index, done));

@@ -67,10 +67,15 @@ void CheckpointManager::Impl::run_eformer_job(SaveJob& job) {
       const size_t item = dtype_size(leaf.dtype);
       for (const ShardView& s : leaf.shards) {
         const uint64_t n = checked_num_bytes(s.box, item).value_or(0);
-        Status w = writer->write_box(ids[i], s.box, {static_cast<const std::byte*>(s.data), n});
+        // Borrowed: the writer compresses each chunk straight from the
+        // shard (the caller's memory in borrow mode, the job's copy in copy
+        // mode), which lives until release() / job.owned.clear(); the
+        // writer's destruction at this lambda's end waits on error paths.
+        Status w = writer->write_box_borrowed(ids[i], s.box, {static_cast<const std::byte*>(s.data), n});
         if (!w.ok()) return w.annotate(leaf.prefix + "/" + leaf.path);
       }
     }
+    writer->wait_borrowed();
     release();  // the writer has read every shard
     stats.write_seconds = since(t0);
     const auto t1 = Clock::now();

@@ -34,8 +34,6 @@ using Json = nlohmann::ordered_json;
 // Chunk buffers are aligned and padded for O_DIRECT writes (local backend).
 constexpr uint64_t kAlign = 4096;
 constexpr uint64_t kDefaultIoThreads = 16;
-// An encoder's scratch larger than this is freed after each chunk.
-constexpr uint64_t kKeepScratch = 16ull << 20;
 // A grid larger than this is refused (the writer keeps one bit per chunk).
 constexpr uint64_t kMaxChunksPerArray = 1ull << 32;
 
@@ -82,6 +80,22 @@ Status copy_chunk(const ZArray& z, const Box& box, std::span<const std::byte> by
   CKPTIO_ASSIGN_OR_RETURN(RunLayout layout, run_layout(box, 0, valid, full, item));
   for_each_run(layout, [&](uint64_t src, uint64_t to, uint64_t n) { std::memcpy(dst + to, bytes.data() + src, n); });
   return Status::OK();
+}
+
+// Chunk `idx` as one contiguous run of `bytes` (which hold `box`), when it
+// is one: a chunk inside the shape whose rows are whole rows of the box (a
+// device shard written as its own box, a row band of a leaf written whole).
+// Empty otherwise.
+std::span<const std::byte> contiguous_chunk(const ZArray& z, const Box& box, std::span<const std::byte> bytes,
+                                            std::span<const uint64_t> idx) {
+  if (z.shape.empty() || z.chunk_bytes == 0) return {};
+  const Box full = chunk_box(z, idx);
+  if (!(chunk_valid_box(z, idx) == full)) return {};
+  auto layout = run_layout(box, 0, full, full, dtype_size(z.dtype));
+  if (!layout.ok() || layout->num_runs() != 1 || layout->run_bytes != z.chunk_bytes) return {};
+  const uint64_t at = layout->src_base;
+  if (at > bytes.size() || bytes.size() - at < z.chunk_bytes) return {};
+  return bytes.subspan(at, z.chunk_bytes);
 }
 
 // kInvalidArgument unless `box` is a union of whole chunks of `z`'s grid
@@ -176,7 +190,6 @@ void EformerStepWriter::Impl::stop_threads() {
 
 void EformerStepWriter::Impl::encoder_loop() {
   ChunkEncoder encoder;
-  std::vector<std::byte> out;
   for (;;) {
     EncodeJob job;
     {
@@ -186,58 +199,49 @@ void EformerStepWriter::Impl::encoder_loop() {
       job = std::move(encode_q.front());
       encode_q.pop_front();
     }
-    const uint64_t raw_reserved = job.raw.size();  // as write_box reserved it
     if (!error().ok()) {
-      job_done(raw_reserved);
+      input_done(job);
+      job_done(job.reserved);
       continue;
     }
-    Encoded e{job.raw, nullptr, job.bytes, raw_reserved};
-    if (options.compressor.id != CodecId::kNone) {
-      Status st = encoder.encode(options.compressor, std::span(job.raw.data(), job.bytes), &out);
-      if (!st.ok()) {
-        fail(st.annotate("encode " + storage.describe() + "/" + job.key));
-        job_done(raw_reserved);
-        continue;
-      }
-      e = take_encoded(out, job.bytes);
+    Result<Encoded> e = encode(encoder, job);
+    input_done(job);
+    if (!e.ok()) {
+      fail(e.status().annotate("encode " + storage.describe() + "/" + job.key));
+      job_done(job.reserved);
+      continue;
+    }
+    {
       std::lock_guard lock(mu);
-      pending = pending - raw_reserved + e.held;
-      give_back_locked(std::move(job.raw));
+      pending = pending - job.reserved + e->held;
+      if (job.raw.size() && job.raw.data() != e->data.data()) give_back_locked(std::move(job.raw));
       progress_cv.notify_all();
     }
     push_io(
-        [this, key = std::move(job.key), e] {
+        [this, key = std::move(job.key), e = *e] {
           Status st = write_object(key, e.data, e.size);
-          if (st.ok() && !e.owner) {  // written and done with: the next chunk's
+          if (st.ok()) {  // written and done with: the next chunk's
             std::lock_guard lock(mu);
             give_back_locked(e.data);
           }
           return st;
         },
-        e.held, /*counted=*/true);
+        e->held, /*counted=*/true);
   }
 }
 
-// The encoded bytes in `out` as a buffer the chunk's write can use: moved
-// out of `out` where the storage takes any address, else copied into an
-// aligned, padded buffer (O_DIRECT); a large scratch is then let go, so an
-// idle encoder holds no chunk-sized memory.
-EformerStepWriter::Impl::Encoded EformerStepWriter::Impl::take_encoded(std::vector<std::byte>& out,
-                                                                     uint64_t chunk_bytes) {
+// The bytes to write for one chunk: the raw buffer itself when nothing is
+// compressed (it is aligned and padded), else encoded straight into an
+// aligned, zero-padded buffer of the pool (its size class holds zstd's bound),
+// which O_DIRECT and object stores both write from; no copy on either side.
+Result<EformerStepWriter::Impl::Encoded> EformerStepWriter::Impl::encode(ChunkEncoder& encoder, const EncodeJob& job) {
+  if (options.compressor.id == CodecId::kNone && job.raw.size()) return Encoded{job.raw, job.bytes, job.raw.size()};
+  CKPTIO_ASSIGN_OR_RETURN(const size_t bound, encoded_bound(options.compressor, job.bytes));
   Encoded e;
-  e.size = out.size();
-  if (storage.write_memory_alignment() <= 1) {
-    auto owned = std::make_shared<std::vector<std::byte>>(std::move(out));
-    out = std::vector<std::byte>();
-    e.data = Buffer::wrap(owned->data(), owned->size());
-    e.held = owned->capacity();
-    e.owner = std::move(owned);
-    return e;
-  }
-  e.data = take_buffer(chunk_bytes, e.size);
-  std::memcpy(e.data.data(), out.data(), e.size);
+  e.data = take_buffer(job.bytes, bound);
+  CKPTIO_ASSIGN_OR_RETURN(e.size, encoder.encode_into(options.compressor, job.input(), {e.data.data(), e.data.size()}));
+  std::memset(e.data.data() + e.size, 0, round_up(std::max<uint64_t>(e.size, 1), kAlign) - e.size);
   e.held = e.data.size();
-  if (out.capacity() > kKeepScratch) out = std::vector<std::byte>();
   return e;
 }
 
@@ -380,6 +384,20 @@ Result<size_t> EformerStepWriter::add_array(const std::string& prefix, const std
 }
 
 Status EformerStepWriter::write_box(size_t id, const Box& box, std::span<const std::byte> bytes) {
+  return write_chunks(id, box, bytes, /*borrow=*/false);
+}
+
+Status EformerStepWriter::write_box_borrowed(size_t id, const Box& box, std::span<const std::byte> bytes) {
+  return write_chunks(id, box, bytes, /*borrow=*/true);
+}
+
+void EformerStepWriter::wait_borrowed() {
+  Impl& s = *impl_;
+  std::unique_lock lock(s.mu);
+  s.progress_cv.wait(lock, [&] { return s.borrowed == 0; });
+}
+
+Status EformerStepWriter::write_chunks(size_t id, const Box& box, std::span<const std::byte> bytes, bool borrow) {
   Impl& s = *impl_;
   ZArray z;  // a copy: add_array may move the arrays meanwhile
   std::string name, dir;
@@ -411,8 +429,19 @@ Status EformerStepWriter::write_box(size_t id, const Box& box, std::span<const s
   const uint64_t reserved = buffer_class(z.chunk_bytes);
   for (const auto& idx : chunks) {
     CKPTIO_RETURN_IF_ERROR(s.reserve(reserved));
-    Impl::EncodeJob job{s.key_of(dir + "/" + chunk_key(z, idx)), s.take_buffer(z.chunk_bytes, z.chunk_bytes), z.chunk_bytes};
-    Status copied = copy_chunk(z, box, bytes, idx, job.raw.data());
+    Impl::EncodeJob job;
+    job.key = s.key_of(dir + "/" + chunk_key(z, idx));
+    job.bytes = z.chunk_bytes;
+    job.reserved = reserved;
+    // Borrowed: encoded from the caller's memory (no copy); but a chunk that
+    // is not one run of it, or is stored raw (its buffer is written as is),
+    // is copied.
+    if (borrow && s.options.compressor.id != CodecId::kNone) job.borrowed = contiguous_chunk(z, box, bytes, idx);
+    Status copied;
+    if (job.borrowed.empty()) {
+      job.raw = s.take_buffer(z.chunk_bytes, z.chunk_bytes);
+      copied = copy_chunk(z, box, bytes, idx, job.raw.data());
+    }
     std::lock_guard lock(s.mu);
     if (!copied.ok()) {
       s.pending -= reserved;
@@ -420,6 +449,7 @@ Status EformerStepWriter::write_box(size_t id, const Box& box, std::span<const s
       return copied.annotate("array " + name);
     }
     ++s.outstanding;
+    if (!job.borrowed.empty()) ++s.borrowed;
     s.encode_q.push_back(std::move(job));
     s.encode_cv.notify_one();
   }

@@ -32,14 +32,18 @@
 //
 // Pipeline: write_box() cuts a box into chunks, copying each chunk's bytes
 // into a buffer of its own (so `bytes` may be reused once it returns), and
-// queues it; `threads` encoders (one ChunkEncoder each) compress, and
+// queues it (write_box_borrowed() queues a chunk that is one run of `bytes`
+// as a view instead: no copy, and the caller keeps `bytes` until
+// wait_borrowed()); `threads` encoders (one ChunkEncoder each) compress
+// straight into aligned, pooled buffers that the writes use as they are, and
 // `io_threads` writers create each chunk object (Storage::create_new: the
 // keys are new), write it in one range and finish() it. The chunk buffers
 // queued and the encoded chunks not yet written hold at most
-// max_pending_bytes, plus, transiently, an encoder's scratch (up to two
-// chunks per encoder while it compresses), and one chunk when a single chunk
-// is larger than the bound; write_box() blocks while they are over it.
-// Memory use is therefore about max_pending_bytes + 2 * threads * chunk size.
+// max_pending_bytes (a borrowed chunk counts as if copied), plus,
+// transiently, the buffer each encoder compresses into, and one chunk when a
+// single chunk is larger than the bound; write_box() blocks while they are
+// over it. Memory use is therefore about max_pending_bytes + threads *
+// chunk size.
 //
 // Timestamps: metadata.json's "timestamp" is the local time without an
 // offset, as eformer writes it (dt.datetime.now().isoformat()), so that
@@ -122,6 +126,19 @@ class EformerStepWriter {
   // before the call returns. May block (max_pending_bytes).
   Status write_box(size_t id, const Box& box, std::span<const std::byte> bytes);
 
+  // As write_box, but `bytes` is borrowed: each chunk that is one contiguous
+  // run of it (a device shard written as its own box, a row band of a leaf
+  // written whole) is compressed straight from it, without write_box's copy.
+  // `bytes` must stay valid and unchanged until wait_borrowed() returns
+  // (also after an error); chunks that are not one run, and every chunk when
+  // the compressor is none, are copied before the call returns.
+  Status write_box_borrowed(size_t id, const Box& box, std::span<const std::byte> bytes);
+
+  // Waits until no chunk handed to write_box_borrowed() is read any more:
+  // each was encoded, or dropped after an error. Destroying the writer waits
+  // too.
+  void wait_borrowed();
+
   // Waits until every chunk and .zarray handed over so far is written and
   // durable (as objects; their names become durable at commit), and returns
   // the first error so far. Commits nothing. Not concurrent with write_box().
@@ -144,6 +161,7 @@ class EformerStepWriter {
  private:
   struct Impl;
   explicit EformerStepWriter(std::unique_ptr<Impl> impl);
+  Status write_chunks(size_t id, const Box& box, std::span<const std::byte> bytes, bool borrow);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "src/save/eformer_writer.h"
+#include "src/layout/zarr/chunk_codec.h"
 #include "src/layout/zarr/zarray.h"
 #include "src/save/commit.h"
 
@@ -41,14 +42,18 @@ struct EformerStepWriter::Impl {
   };
   struct EncodeJob {
     std::string key;
-    Buffer raw;         // the full chunk, padded
+    Buffer raw;         // the full chunk, padded (empty when borrowed)
+    std::span<const std::byte> borrowed;  // the chunk in the caller's memory (write_box_borrowed)
     uint64_t bytes = 0; // the chunk's bytes (ZArray::chunk_bytes)
+    uint64_t reserved = 0;  // of pending, as write_box reserved it
+    std::span<const std::byte> input() const {
+      return raw.size() ? std::span<const std::byte>(raw.data(), bytes) : borrowed;
+    }
   };
-  // A chunk ready to be written: `size` bytes at data.data(), kept alive by
-  // data (or owner); `held` bytes of memory counted in pending.
+  // A chunk ready to be written: `size` bytes at data.data(), padded with
+  // zeros to the alignment; `held` bytes of memory counted in pending.
   struct Encoded {
     Buffer data;
-    std::shared_ptr<const void> owner;
     uint64_t size = 0;
     uint64_t held = 0;
   };
@@ -78,6 +83,7 @@ struct EformerStepWriter::Impl {
   std::multimap<uint64_t, Buffer> free_buffers;  // by size class (buffer_class)
   uint64_t pooled = 0;
   uint64_t outstanding = 0;  // jobs queued or running
+  uint64_t borrowed = 0;     // jobs queued or encoding that read the caller's memory
   Status first_error;
   bool stopping = false;
   State state = State::kOpen;
@@ -114,6 +120,13 @@ struct EformerStepWriter::Impl {
     std::unique_lock lock(mu);
     progress_cv.wait(lock, [&] { return outstanding == 0; });
   }
+  // An encode job is done with its input (encoded, or dropped after an error).
+  void input_done(const EncodeJob& job) {
+    if (job.borrowed.empty()) return;
+    std::lock_guard lock(mu);
+    --borrowed;
+    progress_cv.notify_all();
+  }
 
   // An aligned buffer for `size` bytes of a chunk of `chunk_bytes` (raw or
   // encoded; zeros from `size` to the next multiple of the alignment), from
@@ -125,7 +138,7 @@ struct EformerStepWriter::Impl {
   void start_threads();
   void stop_threads();
   void encoder_loop();
-  Encoded take_encoded(std::vector<std::byte>& out, uint64_t chunk_bytes);
+  Result<Encoded> encode(ChunkEncoder& encoder, const EncodeJob& job);
   void io_loop();
   Status write_object(const std::string& key, const Buffer& data, uint64_t size);
   Status reserve(uint64_t n);

@@ -182,25 +182,40 @@ struct ChunkEncoder::Contexts {
 ChunkEncoder::ChunkEncoder() : ctx_(std::make_unique<Contexts>()) {}
 ChunkEncoder::~ChunkEncoder() = default;
 
-Status ChunkEncoder::encode(const Compressor& c, std::span<const std::byte> src, std::vector<std::byte>* out) {
+Result<size_t> encoded_bound(const Compressor& c, size_t n) {
+  if (c.id != CodecId::kZstd) return n;
+  const size_t bound = ZSTD_compressBound(n);
+  if (ZSTD_isError(bound)) return invalid_argument("zstd: " + n_bytes(n) + " is too large to compress");
+  return bound;
+}
+
+Result<size_t> ChunkEncoder::encode_into(const Compressor& c, std::span<const std::byte> src, std::span<std::byte> dst) {
+  CKPTIO_ASSIGN_OR_RETURN(const size_t bound, encoded_bound(c, src.size()));
+  if (dst.size() < bound)
+    return Status(Code::kInternal, "zarr: encode_into needs " + n_bytes(bound) + ", given " + n_bytes(dst.size()));
   switch (c.id) {
     case CodecId::kNone:
-      out->assign(src.begin(), src.end());
-      return Status::OK();
+      if (!src.empty()) std::memcpy(dst.data(), src.data(), src.size());
+      return src.size();
     case CodecId::kZstd: {
       if (!ctx_->zstd && !(ctx_->zstd = ZSTD_createCCtx()))
         return Status(Code::kInternal, "zstd: cannot create a context");
-      const size_t bound = ZSTD_compressBound(src.size());
-      if (ZSTD_isError(bound)) return invalid_argument("zstd: " + n_bytes(src.size()) + " is too large to compress");
-      out->resize(bound);
-      const size_t r = ZSTD_compressCCtx(ctx_->zstd, out->data(), out->size(), src.data(), src.size(), c.level);
+      const size_t r = ZSTD_compressCCtx(ctx_->zstd, dst.data(), dst.size(), src.data(), src.size(), c.level);
       if (ZSTD_isError(r)) return Status(Code::kInternal, std::string("zstd: ") + ZSTD_getErrorName(r));
-      out->resize(r);
-      return Status::OK();
+      return r;
     }
     default:
       return Status(Code::kUnimplemented, "zarr: encoding is zstd or none only");
   }
+}
+
+Status ChunkEncoder::encode(const Compressor& c, std::span<const std::byte> src, std::vector<std::byte>* out) {
+  CKPTIO_ASSIGN_OR_RETURN(const size_t bound, encoded_bound(c, src.size()));
+  out->resize(bound);
+  auto r = encode_into(c, src, *out);
+  if (!r.ok()) return r.status();
+  out->resize(*r);
+  return Status::OK();
 }
 
 Status decode_chunk(const Compressor& c, std::span<const std::byte> src, std::span<std::byte> dst) {

@@ -55,11 +55,19 @@ class ChunkEncoder {
   // c.level; the save side's default is 1, as TensorStore's) and none;
   // kUnimplemented for the others.
   Status encode(const Compressor& c, std::span<const std::byte> src, std::vector<std::byte>* out);
+  // As encode(), into `dst` (at least encoded_bound(c, src.size()) bytes):
+  // the encoded size. Lets a caller encode straight into a buffer it writes
+  // from (the eformer writer's aligned, pooled chunk buffers).
+  Result<size_t> encode_into(const Compressor& c, std::span<const std::byte> src, std::span<std::byte> dst);
 
  private:
   struct Contexts;
   std::unique_ptr<Contexts> ctx_;
 };
+
+// The most bytes encoding `n` bytes with `c` can produce (zstd's
+// ZSTD_compressBound; n for none); kInvalidArgument when zstd cannot bound it.
+Result<size_t> encoded_bound(const Compressor& c, size_t n);
 
 Status decode_chunk(const Compressor& c, std::span<const std::byte> src, std::span<std::byte> dst);
 Status encode_chunk(const Compressor& c, std::span<const std::byte> src, std::vector<std::byte>* out);

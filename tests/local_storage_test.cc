@@ -452,6 +452,60 @@ TEST_P(LocalReadTest, PastEndIsDataLossAndMissingIsNotFound) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, LocalReadTest, ::testing::Values("direct", "buffered"));
 
+// /proc/self/io's read_bytes: what this process had fetched from block
+// devices (a read the page cache serves adds nothing).
+uint64_t device_read_bytes() {
+  std::ifstream in("/proc/self/io");
+  std::string key;
+  uint64_t v = 0;
+  while (in >> key >> v)
+    if (key == "read_bytes:") return v;
+  ADD_FAILURE() << "no read_bytes in /proc/self/io";
+  return 0;
+}
+
+TEST_F(LocalStorageTest, DirectReadsOfBytesThePageCacheHoldsGoThroughIt) {
+  // Direct mode reads with O_DIRECT, except the bytes of a file the page
+  // cache already holds (direct_io auto): those would be fetched from the
+  // device again. direct_io=on insists on O_DIRECT.
+  auto s = open(opts("auto", "direct", 0, 0));
+  auto on = open(opts("on", "direct", 0, 0));
+  ASSERT_TRUE(s && on);
+  const uint64_t size = 8 * kMiB;
+  ASSERT_TRUE(write_object(*s, "run-1/data.bin", size, kMiB).ok());
+  const std::string path = dir_ + "/root/run-1/data.bin";
+  auto uncache = [&] {
+    int fd = ::open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ::fdatasync(fd);
+    ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    ::close(fd);
+  };
+  auto cache = [&] {
+    std::ifstream in(path, std::ios::binary);
+    std::vector<char> b(size);
+    in.read(b.data(), static_cast<std::streamsize>(size));
+    ASSERT_EQ(static_cast<uint64_t>(in.gcount()), size);
+  };
+  AlignedBuf back(size);
+  // Fetched from the device: read_bytes grows by at least the file.
+  auto fetched = [&](Storage& st) -> uint64_t {
+    std::memset(back.data(), 0, size);
+    std::vector<ReadRequest> reqs = {{"run-1/data.bin", 0, size, back.data()}};
+    const uint64_t before = device_read_bytes();
+    Status r = st.read(reqs);
+    EXPECT_TRUE(r.ok()) << r.to_string();
+    const uint64_t n = device_read_bytes() - before;
+    for (uint64_t i = 0; i < size; i += 4093) EXPECT_EQ(back.data()[i], pattern(i)) << "byte " << i;
+    return n;
+  };
+  uncache();
+  EXPECT_GE(fetched(*s), size) << "a file the cache does not hold is read from the device";
+  cache();
+  EXPECT_LT(fetched(*s), size / 8) << "a file the cache holds is read from it";
+  EXPECT_GE(fetched(*on), size) << "direct_io=on reads with O_DIRECT whatever the cache holds";
+}
+
 TEST(LocalReadPlan, PiecesTileTheRequestAligned) {
   std::mt19937_64 rng(1);
   for (int i = 0; i < 3000; ++i) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,11 +32,49 @@ struct OpenFile {
   bool direct = false;
 };
 
+// Requests for fewer bytes of a file than this never ask whether the page
+// cache holds them (an eformer step's chunk files are read one at a time).
+constexpr uint64_t kCachedCheckMin = 1ull << 20;
+
+// True when the page cache holds at least 90% of bytes [lo, hi) of the file
+// (mincore over a read-only mapping of them; false if it cannot be mapped).
+bool mostly_cached(int fd, uint64_t lo, uint64_t hi) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return false;
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  hi = std::min<uint64_t>(hi, static_cast<uint64_t>(st.st_size));
+  const uint64_t start = lo / page * page;
+  if (hi <= start) return false;
+  const size_t len = hi - start;
+  void* p = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(start));
+  if (p == MAP_FAILED) return false;
+  std::vector<unsigned char> in((len + page - 1) / page);
+  const bool ok = ::mincore(p, len, in.data()) == 0;
+  ::munmap(p, len);
+  if (!ok) return false;
+  size_t n = 0;
+  for (unsigned char c : in) n += c & 1;
+  return n * 10 >= in.size() * 9;
+}
+
 // Opens `key` beneath `root`, never through a symbolic link (open_beneath).
+// With want_direct, O_DIRECT unless direct_io is auto and the page cache
+// already holds the bytes [lo, hi) this call reads: a direct read would
+// fetch them from the device again (and write dirty ones back first), so
+// such a file is read through the cache (a step just written by a buffered
+// writer such as TensorStore's, a source cp has just read).
 Status open_for_read(const std::string& root, const std::string& key, bool want_direct, DirectIo direct_io,
-                     OpenFile& f) {
+                     uint64_t lo, uint64_t hi, OpenFile& f) {
   const std::string path = join_path(root, key);
   f.path = path;
+  if (want_direct && direct_io == DirectIo::kAuto && hi > lo && hi - lo >= kCachedCheckMin) {
+    auto fd = open_beneath(root, key, O_RDONLY);
+    if (!fd.ok()) return fd.status();
+    if (mostly_cached(fd->get(), lo, hi)) {
+      f.fd = std::move(fd).value();
+      want_direct = false;
+    }
+  }
   if (want_direct) {
     int err = 0;
     auto fd = open_beneath(root, key, O_RDONLY | O_DIRECT, &err);
@@ -195,6 +234,13 @@ Status read_with_pool(std::span<const ReadRequest> requests, const std::vector<O
 Status read_files(const std::string& root, std::span<const ReadRequest> requests,
                   const ReadSettings& settings, Ring& ring, PreadPool& pool) {
   const bool direct = settings.mode == ReadMode::kDirect && settings.direct_io != DirectIo::kOff;
+  // The bytes each file is read over in this call: [first, end).
+  std::unordered_map<std::string, std::pair<uint64_t, uint64_t>> span;
+  if (direct)
+    for (const ReadRequest& r : requests) {
+      auto [it, fresh] = span.try_emplace(r.key, r.offset, r.offset + r.length);
+      it->second = {std::min(it->second.first, r.offset), std::max(it->second.second, r.offset + r.length)};
+    }
   std::unordered_map<std::string, OpenFile> by_key;
   std::vector<OpenFile*> files(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -202,7 +248,8 @@ Status read_files(const std::string& root, std::span<const ReadRequest> requests
     auto [it, fresh] = by_key.try_emplace(r.key);
     if (fresh) {
       CKPTIO_RETURN_IF_ERROR(check_key(r.key));
-      CKPTIO_RETURN_IF_ERROR(open_for_read(root, r.key, direct, settings.direct_io, it->second));
+      const auto [lo, hi] = direct ? span.at(r.key) : std::pair<uint64_t, uint64_t>{0, 0};
+      CKPTIO_RETURN_IF_ERROR(open_for_read(root, r.key, direct, settings.direct_io, lo, hi, it->second));
     }
     OpenFile& f = it->second;
     files[i] = &f;

@@ -552,17 +552,25 @@ def prefault_pairs(a):
 def python_pairs(a):
     """--python-pairs N --ckpt DIR: the CLI's `synth check DIR` and the Python
     package's `CheckpointManager(DIR).restore()`, N pairs, alternating which
-    goes first, cold cache, fresh process each: from process start, from
-    `import ckptio` done, and the C++ restore's own seconds in each (where a
-    gap between them lies)."""
+    goes first, cold cache and --settle s idle, fresh process each: from
+    process start, from `import ckptio` done, and the C++ restore's own
+    seconds in each (where a gap between them lies); and the page faults and
+    transparent huge pages each took (/proc/vmstat deltas)."""
     import statistics
     size = data_bytes(a.ckpt)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (
         os.path.join(os.path.dirname(os.path.dirname(a.ckptio)), "python"), os.environ.get("PYTHONPATH")) if p))
     res = {k: [] for k in ("cli", "cli_restore", "python", "python_after_import", "python_restore")}
+    faults = {"cli": [], "python": []}
+
+    def vmstat():
+        with open("/proc/vmstat") as f:
+            v = dict(l.split() for l in f)
+        return int(v.get("pgfault", 0)), int(v.get("thp_fault_alloc", 0))
     for r in range(a.python_pairs):
         for who in (("cli", "python") if r % 2 == 0 else ("python", "cli")):
-            drop_caches()
+            drop_caches(a.settle)
+            v0 = vmstat()
             if who == "cli":
                 s, _, j = spawn([a.ckptio, "synth", "check", a.ckpt, "--json", "--batch", str(4 * size)])
                 res["cli_restore"].append(j["restore_seconds"])
@@ -572,6 +580,7 @@ def python_pairs(a):
                 res["python_after_import"].append(j["ready_monotonic_s"] - j["imported_monotonic_s"])
                 res["python_restore"].append(j["restore_seconds"])
             res[who].append(s)
+            faults[who].append(tuple(b - a for a, b in zip(v0, vmstat())))
     m = {k: statistics.median(v) for k, v in res.items()}
     print("%s, %d pairs, seconds (median, min-max): from process start CLI %s, Python %s; Python from `import "
           "ckptio` done %s; the C++ restore's own time: in the CLI %s, in Python %s; CLI / Python: %.2f from start, "
@@ -580,6 +589,11 @@ def python_pairs(a):
               *["%.2f (%.2f-%.2f)" % (m[k], min(res[k]), max(res[k]))
                 for k in ("cli", "python", "python_after_import", "cli_restore", "python_restore")],
               m["cli"] / m["python"], m["cli"] / m["python_after_import"], m["cli_restore"] / m["python_restore"]))
+    print("restore alone, per pair (CLI, Python): %s; page faults (machine-wide, median): CLI %d, Python %d; "
+          "transparent huge pages faulted: CLI %d, Python %d" % (
+              ", ".join("(%.2f, %.2f)" % p for p in zip(res["cli_restore"], res["python_restore"])),
+              statistics.median(f[0] for f in faults["cli"]), statistics.median(f[0] for f in faults["python"]),
+              sum(f[1] for f in faults["cli"]), sum(f[1] for f in faults["python"])))
     return 0
 
 

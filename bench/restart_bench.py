@@ -24,7 +24,9 @@ exits, so that the parent holds no state while the contenders run.
 Per repetition, each contender after `sync; echo 3 > /proc/sys/vm/drop_caches`
 and --settle seconds (default 8; not before fio: the memory the previous contender freed goes
 idle for every contender alike, docs/restart.md), in a fresh process, the order
-rotated by one each repetition:
+rotated by one each repetition, and on odd repetitions ckptio and python swap
+places (rotation alone kept python right after the CLI, on memory it had just
+freed, in two of three repetitions):
   fio        the best of three reads of the step's data file: one job at depth
              32 with 1 MiB blocks (O_DIRECT, io_uring), 8 jobs at depth 8 with
              8 MiB blocks over eighths of the file, one buffered job (psync, 1 MiB);
@@ -303,6 +305,9 @@ class Run:
         runs = {}
         for r in range(self.a.repeat):
             rot = order[r % len(order):] + order[:r % len(order)]
+            if r % 2 == 1:  # neither of the two compared always follows the other
+                i, j = rot.index("ckptio"), rot.index("python")
+                rot[i], rot[j] = rot[j], rot[i]
             log("%s rep %d/%d: %s" % (size_name(size), r + 1, self.a.repeat, " ".join(rot)))
             for who in rot:
                 try:

@@ -72,6 +72,9 @@ CheckpointManager::CheckpointManager(std::shared_ptr<Storage> storage, ManagerOp
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const bool copies = options_.staging == StagingMode::kCopy;
   impl_->crew = std::make_unique<Crew>(copies ? std::min(cores, 4u) - 1 : 0);
+  // Retention is the committer's job: process 0 of a group.
+  if (options_.processes.index == 0 && (options_.max_to_keep > 0 || options_.keep_every > 0))
+    impl_->retainer = std::thread([this] { impl_->retainer_loop(); });
   impl_->worker = std::thread([this] { impl_->worker_loop(); });
   made_by_pid_ = static_cast<int>(::getpid());
 }
@@ -100,6 +103,14 @@ CheckpointManager::~CheckpointManager() {
   }
   impl_->cv.notify_all();
   impl_->worker.join();
+  if (impl_->retainer.joinable()) {  // after the worker: nothing queues retention any more
+    {
+      std::lock_guard lock(impl_->mu);
+      impl_->retainer_stopping = true;
+    }
+    impl_->cv.notify_all();
+    impl_->retainer.join();
+  }
 }
 
 Status CheckpointManager::wait_until_finished() {

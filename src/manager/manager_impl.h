@@ -41,8 +41,13 @@ struct CheckpointManager::Impl {
   std::condition_variable cv;
   std::deque<std::shared_ptr<SaveJob>> queue;
   int in_flight = 0;
-  int retaining = 0;  // retention runs after a save's slot is free (finish_job)
-  bool stopping = false;
+  // Retention runs on a thread of its own after each commit (finish_job
+  // queues the step): the save worker goes on to the next save meanwhile.
+  int retaining = 0;              // commits whose retention has not finished
+  std::deque<int64_t> to_retain;  // commits whose retention has not started
+  bool stopping = false;          // the worker ends once its queue is empty
+  bool retainer_stopping = false; // set after the worker ended: no more retention
+  std::thread retainer;           // when retention is on (max_to_keep, keep_every)
   Status first_error;
   std::set<std::string> attempts_in_flight;
   std::multiset<int64_t> restoring;
@@ -58,6 +63,7 @@ struct CheckpointManager::Impl {
   Result<std::shared_ptr<SaveJob>> make_job(int64_t step, std::vector<LeafView>&& state,
                                             const SaveOptions& options, const std::string& final_dir);
   void worker_loop();
+  void retainer_loop();  // retention after each commit, in commit order
   void run_job(SaveJob& job);
   // ManagerOptions::layout "eformer" (src/save/eformer_save.cc): the job
   // (copy mode: every shard copied now), and its run on the worker.

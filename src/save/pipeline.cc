@@ -184,33 +184,47 @@ void CheckpointManager::Impl::finish_job(SaveJob& job, const Status& st, const S
   if (options.on_commit)
     run_callback("on_commit", job.step, [&] { options.on_commit(CommitEvent{job.step, st, stats}); });
   job.handle->finish(st, stats);
-  // Retention is the committer's job: process 0 of a group.
-  const bool retention =
-      st.ok() && options.processes.index == 0 && (options.max_to_keep > 0 || options.keep_every > 0);
-  // The save's slot is free before retention deletes old steps: a save()
-  // called as soon as this one's handle completed would otherwise block
-  // until the deletions are done (245-365 ms per 2 GiB step measured from
-  // Python with max_to_keep=2). wait_until_finished() still waits for
-  // retention (`retaining`).
+  // Retention is the committer's job: process 0 of a group. It runs on the
+  // retainer thread, so neither a save() called as soon as this handle
+  // completed nor the next queued save's writes wait for old steps to be
+  // deleted (245-365 ms per 2 GiB step measured from Python with
+  // max_to_keep=2). wait_until_finished() still waits for it (`retaining`).
+  const bool retention = st.ok() && retainer.joinable();
   {
     std::lock_guard lock(mu);
     attempts_in_flight.erase(job.paths.attempt);
     if (!st.ok() && first_error.ok()) first_error = st;
     --in_flight;
-    if (retention) ++retaining;
+    if (retention) {
+      ++retaining;
+      to_retain.push_back(job.step);
+    }
   }
   cv.notify_all();
-  if (!retention) return;
-  RetentionEvent r;
-  r.after_step = job.step;
-  r.status = retain(options.max_to_keep, options.keep_every, &r.deleted);
-  if (!r.status.ok()) spdlog::warn("ckptio: retention after step {}: {}", job.step, r.status.to_string());
-  if (options.on_retention) run_callback("on_retention", job.step, [&] { options.on_retention(r); });
-  {
-    std::lock_guard lock(mu);
-    --retaining;
+}
+
+void CheckpointManager::Impl::retainer_loop() {
+  const ManagerOptions& options = owner->options();
+  for (;;) {
+    int64_t step = 0;
+    {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return retainer_stopping || !to_retain.empty(); });
+      if (to_retain.empty()) return;
+      step = to_retain.front();
+      to_retain.pop_front();
+    }
+    RetentionEvent r;
+    r.after_step = step;
+    r.status = retain(options.max_to_keep, options.keep_every, &r.deleted);
+    if (!r.status.ok()) spdlog::warn("ckptio: retention after step {}: {}", step, r.status.to_string());
+    if (options.on_retention) run_callback("on_retention", step, [&] { options.on_retention(r); });
+    {
+      std::lock_guard lock(mu);
+      --retaining;
+    }
+    cv.notify_all();
   }
-  cv.notify_all();
 }
 
 }  // namespace ckptio

@@ -10,9 +10,8 @@
 // Thread safety: every method may be called from any thread. Saves are
 // executed in call order by one background worker; at most
 // ManagerOptions::max_in_flight saves are queued or running (save() waits for
-// a slot). Commit callbacks run on the worker thread, one at a time, and
-// retention (with its callback) on a thread of its own after each commit;
-// neither must call wait_until_finished() or the destructor of this manager.
+// a slot). Commit callbacks run on the worker thread, one at a time; they must
+// not call wait_until_finished() or the destructor of this manager.
 //
 // Errors: save() returns an error at once for bad input (invalid leaves, a
 // committed step without overwrite); once it returned a handle, every outcome
@@ -174,11 +173,14 @@ struct ManagerOptions {
   // that handle. What it throws is logged and goes no further (the save's
   // outcome stands); so for on_retention.
   std::function<void(const CommitEvent&)> on_commit;
-  // Runs after each retention that follows a commit, on the manager's
-  // retention thread (retention deletes old steps there, in commit order,
-  // while the worker goes on with the next save), before
-  // wait_until_finished() returns; a failure is also logged. The save that
-  // ran it committed whatever retention's outcome.
+  // Runs after each retention that follows a commit, on the worker thread,
+  // before wait_until_finished() returns; a failure is also logged. The save
+  // that ran it committed whatever retention's outcome. The steps it names
+  // as deleted have left the committed set (POSIX: renamed to .del-; object
+  // stores: index removed); a thread of the manager removes their bytes
+  // while the next save writes (that save waits only for the removals of
+  // older commits), and wait_until_finished() waits for those removals too.
+  // A removal that fails is logged and leaves the bytes to gc().
   std::function<void(const RetentionEvent&)> on_retention;
   // This process's place in a multi-process save (see ProcessGroup).
   ProcessGroup processes;

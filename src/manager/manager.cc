@@ -74,7 +74,7 @@ CheckpointManager::CheckpointManager(std::shared_ptr<Storage> storage, ManagerOp
   impl_->crew = std::make_unique<Crew>(copies ? std::min(cores, 4u) - 1 : 0);
   // Retention is the committer's job: process 0 of a group.
   if (options_.processes.index == 0 && (options_.max_to_keep > 0 || options_.keep_every > 0))
-    impl_->retainer = std::thread([this] { impl_->retainer_loop(); });
+    impl_->reaper = std::thread([this] { impl_->reap_loop(); });
   impl_->worker = std::thread([this] { impl_->worker_loop(); });
   made_by_pid_ = static_cast<int>(::getpid());
 }
@@ -103,20 +103,20 @@ CheckpointManager::~CheckpointManager() {
   }
   impl_->cv.notify_all();
   impl_->worker.join();
-  if (impl_->retainer.joinable()) {  // after the worker: nothing queues retention any more
+  if (impl_->reaper.joinable()) {  // after the worker: nothing is queued for it any more
     {
       std::lock_guard lock(impl_->mu);
-      impl_->retainer_stopping = true;
+      impl_->reaper_stopping = true;
     }
     impl_->cv.notify_all();
-    impl_->retainer.join();
+    impl_->reaper.join();
   }
 }
 
 Status CheckpointManager::wait_until_finished() {
   CKPTIO_RETURN_IF_ERROR(check_process());
   std::unique_lock lock(impl_->mu);
-  impl_->cv.wait(lock, [&] { return impl_->in_flight == 0 && impl_->retaining == 0; });
+  impl_->cv.wait(lock, [&] { return impl_->in_flight == 0 && impl_->retaining == 0 && impl_->reaping == 0; });
   Status first = impl_->first_error;
   impl_->first_error = Status::OK();
   return first;

@@ -41,14 +41,16 @@ struct CheckpointManager::Impl {
   std::condition_variable cv;
   std::deque<std::shared_ptr<SaveJob>> queue;
   int in_flight = 0;
-  // Retention runs on a thread of its own after each commit (finish_job
-  // queues the step): the save worker goes on to the next save meanwhile.
-  int retaining = 0;              // commits whose retention has not finished
-  std::deque<int64_t> to_retain;  // commits whose retention has not started
-  bool stopping = false;          // the worker ends once its queue is empty
-  bool retainer_stopping = false; // set after the worker ended: no more retention
-  std::thread retainer;           // when retention is on (max_to_keep, keep_every)
+  int retaining = 0;  // retention runs after a save's slot is free (finish_job)
+  bool stopping = false;
   Status first_error;
+  // What retention after a commit retired (a step out of the committed set)
+  // and has yet to remove (its objects or .del- directory): the reaper thread
+  // removes them while the next save writes (reap_loop).
+  std::deque<std::string> to_reap;  // prefixes queued for the reaper
+  int reaping = 0;                  // queued or being removed
+  bool reaper_stopping = false;     // set once the worker ended: nothing more to queue
+  std::thread reaper;               // when retention is on (max_to_keep, keep_every)
   std::set<std::string> attempts_in_flight;
   std::multiset<int64_t> restoring;
   std::map<int64_t, uint64_t> group_saves;  // multi-process saves begun, per step
@@ -63,7 +65,7 @@ struct CheckpointManager::Impl {
   Result<std::shared_ptr<SaveJob>> make_job(int64_t step, std::vector<LeafView>&& state,
                                             const SaveOptions& options, const std::string& final_dir);
   void worker_loop();
-  void retainer_loop();  // retention after each commit, in commit order
+  void reap_loop();  // removes what retention after a commit retired
   void run_job(SaveJob& job);
   // ManagerOptions::layout "eformer" (src/save/eformer_save.cc): the job
   // (copy mode: every shard copied now), and its run on the worker.
@@ -90,7 +92,11 @@ struct CheckpointManager::Impl {
 
   // ---- Retention and gc (retention.cc, gc.cc) ----
   // Retention (apply_retention); the steps deleted go to `deleted` when given.
-  Status retain(int max_to_keep, int64_t keep_every, std::vector<int64_t>* deleted);
+  // With `reap`, each step is only retired (out of the committed set, at
+  // once) and the prefix left to remove is added to *reap; without, it is
+  // deleted whole before this returns.
+  Status retain(int max_to_keep, int64_t keep_every, std::vector<int64_t>* deleted,
+                std::vector<std::string>* reap = nullptr);
   // gc() in the process that made the manager.
   Status gc(const GcOptions& options);
 

@@ -6,10 +6,12 @@
 #include <string>
 
 #include "src/manager/manager_impl.h"
+#include "src/save/commit.h"
 
 namespace ckptio {
 
-Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std::vector<int64_t>* deleted) {
+Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std::vector<int64_t>* deleted,
+                                      std::vector<std::string>* reap) {
   CKPTIO_ASSIGN_OR_RETURN(auto steps, committed_steps(/*parse=*/false, false));
   if (steps.empty() || max_to_keep <= 0) return Status::OK();
   std::set<int64_t> keep(steps.end() - std::min<size_t>(steps.size(), max_to_keep), steps.end());
@@ -24,7 +26,14 @@ Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std:
       std::lock_guard lock(mu);
       if (restoring.count(s)) continue;  // never under a reader
     }
-    Status st = owner->remove_step(s);
+    Status st;
+    if (reap) {
+      auto rest = retire_committed_step(owner->storage(), naming.name(s));
+      if (rest.ok()) reap->push_back(std::move(*rest));
+      st = rest.status();
+    } else {
+      st = owner->remove_step(s);
+    }
     if (st.ok() && deleted) deleted->push_back(s);
     if (!st.ok() && first.ok()) first = st.annotate("retention: delete step " + std::to_string(s));
   }

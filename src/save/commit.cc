@@ -124,15 +124,20 @@ void discard_attempt(Storage& storage, const AttemptPaths& paths,
   for (const auto& f : data_files) (void)storage.remove(paths.stage_dir + "/" + f);
 }
 
-Status delete_committed_step(Storage& storage, const std::string& final_dir) {
+Result<std::string> retire_committed_step(Storage& storage, const std::string& final_dir) {
   if (storage.caps().atomic_rename) {
     std::string doomed = final_dir + ".del-" + new_attempt_id();
     CKPTIO_RETURN_IF_ERROR(storage.rename(final_dir + "/", doomed + "/", RenameMode::kNoReplace));
     CKPTIO_RETURN_IF_ERROR(storage.sync(""));
-    return storage.remove_prefix(doomed + "/");
+    return doomed + "/";
   }
   CKPTIO_RETURN_IF_ERROR(storage.remove(index_key(final_dir)));
-  return storage.remove_prefix(final_dir + "/");
+  return final_dir + "/";
+}
+
+Status delete_committed_step(Storage& storage, const std::string& final_dir) {
+  CKPTIO_ASSIGN_OR_RETURN(std::string rest, retire_committed_step(storage, final_dir));
+  return storage.remove_prefix(rest);
 }
 
 }  // namespace ckptio

@@ -44,8 +44,14 @@ Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::s
 void discard_attempt(Storage& storage, const AttemptPaths& paths,
                      const std::vector<std::string>& data_files);
 
+// Takes a committed step out of the committed set in one atomic, durable
+// step: POSIX renames it to <dir>.del-<id> and syncs the parent; an object
+// store deletes its index. Returns the prefix whose objects are left to
+// remove (remove_prefix); gc removes them if nobody does.
+Result<std::string> retire_committed_step(Storage& storage, const std::string& final_dir);
+
 // Deletes a committed step so that no reader ever sees it half-deleted: the
-// step stops being committed first (rename away / index removed first).
+// step stops being committed first (retire_committed_step), then its objects go.
 Status delete_committed_step(Storage& storage, const std::string& final_dir);
 
 }  // namespace ckptio

@@ -11,6 +11,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <future>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/fault/fault_storage.h"
 #include "ckptio/ckptio.h"
 #include "src/transform/cast.h"
 #include "testutil/backend_fixture.h"
@@ -455,6 +459,51 @@ TEST_P(EformerStepTest, SavesInTheEformerLayout) {
     ASSERT_TRUE(over.ok());
     EXPECT_TRUE(over->wait().ok()) << over->wait().to_string();
   }
+}
+
+// Retention of steps in eformer's layout: an old step leaves the committed
+// set at once (POSIX: renamed away; object stores: its metadata.json deleted,
+// which is what makes an eformer step committed) and only then are its
+// chunks removed, so no reader ever takes a half-removed step for complete.
+TEST_P(EformerStepTest, RetentionRetiresAStepBeforeRemovingItsChunks) {
+  auto faults = make_fault_storage(base_);
+  std::promise<void> reached, go;
+  std::shared_future<void> go_f = go.get_future().share();
+  std::atomic<bool> armed{true};
+  faults->set_hook([&](FaultOp op, const std::string& key) {
+    if (op == FaultOp::kRemove && key.rfind("ret-1", 0) == 0 && key.ends_with("/") && armed.exchange(false)) {
+      reached.set_value();
+      go_f.wait();  // the removal of step 1's chunks holds here
+    }
+  });
+  ManagerOptions o;
+  o.layout = "eformer";
+  o.max_to_keep = 1;
+  o.step_format = "ret-{step}";
+  CheckpointManager m(faults, o);
+  std::vector<float> w(64, 1.5f);
+  std::vector<LeafView> state = {LeafView::full("model", "dense.kernel", DType::kFloat32, {8, 8}, w.data())};
+  for (int64_t s = 1; s <= 2; ++s) {
+    auto h = m.save(s, state);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+  }
+  const bool held = reached.get_future().wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  auto steps = m.all_steps();
+  auto old = m.restore(1);
+  go.set_value();
+  ASSERT_TRUE(held) << "retention never removed step 1";
+  ASSERT_TRUE(steps.ok()) << steps.status().to_string();
+  EXPECT_EQ(*steps, std::vector<int64_t>{2}) << "step 1 still counted as committed while its chunks were removed";
+  EXPECT_EQ(old.status().code(), Code::kNotFound) << old.status().to_string();
+  ASSERT_TRUE(m.wait_until_finished().ok());
+  faults->set_hook(nullptr);
+  auto left = base_->list("ret-1", false);
+  ASSERT_TRUE(left.ok()) << left.status().to_string();
+  for (const auto& e : left->objects) ADD_FAILURE() << e.key << " left after retention";
+  auto r = m.restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->step, 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, EformerStepTest, testutil::all_backends(), testutil::backend_name);

@@ -29,6 +29,7 @@
 #include "src/save/commit.h"
 
 #include "src/layout/layout.h"
+#include "src/layout/zarr/eformer_index.h"
 
 namespace ckptio {
 
@@ -132,6 +133,10 @@ Result<std::string> retire_committed_step(Storage& storage, const std::string& f
     return doomed + "/";
   }
   CKPTIO_RETURN_IF_ERROR(storage.remove(index_key(final_dir)));
+  // A step in eformer's layout has no ckptio index: it counts as committed
+  // while its metadata.json is there (discovery), so that goes first too
+  // (a DELETE of a key that is not there succeeds).
+  CKPTIO_RETURN_IF_ERROR(storage.remove(final_dir + "/" + std::string(zarr::kEformerMetadataName)));
   return final_dir + "/";
 }
 

@@ -46,8 +46,9 @@ void discard_attempt(Storage& storage, const AttemptPaths& paths,
 
 // Takes a committed step out of the committed set in one atomic, durable
 // step: POSIX renames it to <dir>.del-<id> and syncs the parent; an object
-// store deletes its index. Returns the prefix whose objects are left to
-// remove (remove_prefix); gc removes them if nobody does.
+// store deletes its index (and an eformer step's metadata.json). Returns the
+// prefix whose objects are left to remove (remove_prefix); gc removes them if
+// nobody does.
 Result<std::string> retire_committed_step(Storage& storage, const std::string& final_dir);
 
 // Deletes a committed step so that no reader ever sees it half-deleted: the

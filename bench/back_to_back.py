@@ -19,6 +19,8 @@ import statistics
 import subprocess
 import sys
 
+from eformer_bench import parse_bytes
+
 CHILD = r"""
 import json, shutil, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
@@ -38,12 +40,6 @@ with ckptio.CheckpointManager(base, max_to_keep=1, staging="copy") as m:
 shutil.rmtree(base, ignore_errors=True)
 print(json.dumps({"per": per[1:], "median": statistics.median(per[1:])}))
 """
-
-
-def parse_bytes(s):
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    s = s.lower().rstrip("ib").rstrip("b")
-    return int(float(s[:-1]) * units[s[-1]]) if s and s[-1] in units else int(s)
 
 
 def main():

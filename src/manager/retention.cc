@@ -26,14 +26,11 @@ Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std:
       std::lock_guard lock(mu);
       if (restoring.count(s)) continue;  // never under a reader
     }
-    Status st;
-    if (reap) {
-      auto rest = retire_committed_step(owner->storage(), naming.name(s));
-      if (rest.ok()) reap->push_back(std::move(*rest));
-      st = rest.status();
-    } else {
-      st = owner->remove_step(s);
-    }
+    // Out of the committed set first; then its bytes, now or by the reaper.
+    auto rest = retire_committed_step(owner->storage(), naming.name(s));
+    Status st = rest.status();
+    if (rest.ok() && reap) reap->push_back(std::move(*rest));
+    else if (rest.ok()) st = owner->storage().remove_prefix(*rest);
     if (st.ok() && deleted) deleted->push_back(s);
     if (!st.ok() && first.ok()) first = st.annotate("retention: delete step " + std::to_string(s));
   }

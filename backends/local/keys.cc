@@ -4,33 +4,24 @@
 
 #include <random>
 
+#include "ckptio/storage.h"
+
 namespace ckptio::local {
 
 namespace {
 
+// The seam's rules (check_storage_key / check_storage_prefix), plus one of
+// this backend's own: no component may look like its temporary files (the
+// last part of a prefix may: it is only the start of a name).
 Status check_path(std::string_view s, bool is_prefix) {
-  const std::string what = is_prefix ? "prefix" : "key";
-  auto bad = [&](const char* why) {
-    std::string printable;
-    for (char c : s) printable += (c == '\0') ? std::string("\\0") : std::string(1, c);
-    return invalid_argument(what + " '" + printable + "': " + why);
-  };
-  if (s.empty()) return is_prefix ? Status::OK() : bad("empty");
-  if (s.front() == '/') return bad("must be relative (leading '/')");
-  if (s.find('\0') != std::string_view::npos) return bad("contains NUL");
-  if (s.find('\\') != std::string_view::npos) return bad("contains a backslash");
-  if (s.find("..") != std::string_view::npos) return bad("contains '..'");
-  if (!is_prefix && s.back() == '/') return bad("ends with '/'");
+  CKPTIO_RETURN_IF_ERROR(is_prefix ? check_storage_prefix(s) : check_storage_key(s));
   size_t start = 0;
   while (start < s.size()) {
-    size_t end = s.find('/', start);
+    const size_t end = s.find('/', start);
     const bool last = end == std::string_view::npos;
-    std::string_view part = s.substr(start, last ? std::string_view::npos : end - start);
-    if (part.empty()) return bad("has an empty path component");
-    if (part == ".") return bad("has a '.' path component");
-    if (!is_prefix || !last) {
-      if (is_temp_name(part)) return bad("uses the backend's temporary-file name pattern");
-    }
+    if ((!is_prefix || !last) && is_temp_name(s.substr(start, last ? std::string_view::npos : end - start)))
+      return invalid_argument(std::string(is_prefix ? "prefix '" : "key '") + std::string(s) +
+                              "': uses the backend's temporary-file name pattern");
     if (last) break;
     start = end + 1;
   }

@@ -13,13 +13,12 @@ new / old. Build the old package from a worktree with -DCKPTIO_BUILD_PYTHON=ON.
 """
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
 import sys
 
-from eformer_bench import parse_bytes
+from sizes import parse_size
 
 CHILD = r"""
 import json, shutil, statistics, sys, time
@@ -54,7 +53,7 @@ def main():
     res = {"old": [], "new": []}
     for rep in range(a.reps):
         for who in (("old", "new") if rep % 2 == 0 else ("new", "old")):
-            p = subprocess.run(["/usr/bin/python3", "-c", CHILD, getattr(a, who), a.dir, str(parse_bytes(a.bytes)),
+            p = subprocess.run(["/usr/bin/python3", "-c", CHILD, getattr(a, who), a.dir, str(parse_size(a.bytes)),
                                 str(a.saves)], capture_output=True, text=True)
             if p.returncode != 0:
                 sys.exit("back_to_back: a run failed:\n" + p.stderr[-2000:])

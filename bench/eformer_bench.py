@@ -32,7 +32,6 @@ restore (user + system of its process).
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -44,17 +43,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from contenders import add_settle_arg, drop_caches  # noqa: E402
+from sizes import parse_size  # noqa: E402
 
 GiB = 1 << 30
-
-
-def parse_bytes(s):
-    """"1G", "1GiB", "256M", "256MiB", "4096"."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    s = s.strip()
-    if s.lower().endswith("ib"):
-        s = s[:-2]
-    return int(float(s[:-1]) * units[s[-1].upper()]) if s[-1].upper() in units else int(s)
 
 
 def plan_state(total):
@@ -232,7 +223,7 @@ def main():
         import ckptio  # noqa: F401
     except ImportError as e:
         sys.exit("eformer_bench: cannot import ckptio (%s): set PYTHONPATH=<build>/python" % e)
-    plan = plan_state(parse_bytes(a.bytes))
+    plan = plan_state(parse_size(a.bytes))
     shutil.rmtree(a.dir, ignore_errors=True)
     os.makedirs(a.dir)
     with open(os.path.join(a.dir, "plan.json"), "w") as f:

@@ -60,6 +60,7 @@ import zlib
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from sizes import parse_size  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -70,14 +71,6 @@ CHUNK = 8 * MiB  # ManagerOptions::chunk_size's default: copy mode's pool is rou
 
 def log(msg):
     print("[py %6.0fs] %s" % (time.monotonic() - T0, msg), file=sys.stderr, flush=True)
-
-
-def parse_size(s):
-    s = str(s).strip()
-    for u, m in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB), ("G", GiB), ("M", MiB), ("K", KiB)):
-        if s.endswith(u):
-            return int(float(s[: -len(u)]) * m)
-    return int(s)
 
 
 def size_name(n):

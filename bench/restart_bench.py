@@ -62,6 +62,7 @@ import zlib
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+import sizes  # noqa: E402
 GiB = 1 << 30
 MiB = 1 << 20
 MADV_POPULATE_WRITE = 23  # Linux 5.14; Python's mmap module passes it through
@@ -72,13 +73,10 @@ def log(msg):
 
 
 def parse_size(s):
+    """A size (bench/sizes.py), or "half": half this machine's memory, in whole GiB."""
     if s == "half":
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2 // GiB * GiB
-    units = {"k": 1 << 10, "m": MiB, "g": GiB}
-    s = s.strip().lower().rstrip("ib").rstrip("b") if s[-1:].isalpha() else s
-    if s[-1:] in units:
-        return int(float(s[:-1]) * units[s[-1]])
-    return int(s)
+    return sizes.parse_size(s)
 
 
 def size_name(n):

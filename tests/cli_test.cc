@@ -16,10 +16,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <set>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -489,6 +491,45 @@ TEST_F(CliTest, HelpDocumentsExitCodes) {
   for (const char* sub : {"ls", "inspect", "verify", "gc", "synth", "demo", "bench"})
     EXPECT_NE(r.out.find(sub), std::string::npos) << sub;
   run({"synth", "save", "--help"});
+}
+
+// docs/cli.md is the CLI's reference: every option some command's --help
+// lists is named there (as a whole word: `--keep` is not `--keep-last`).
+TEST_F(CliTest, EveryOptionInHelpIsInTheReference) {
+  std::ifstream in(std::string(CKPTIO_SOURCE_DIR) + "/docs/cli.md");
+  ASSERT_TRUE(in) << "docs/cli.md";
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto in_doc = [&](const std::string& opt) {
+    for (size_t at = doc.find(opt); at != std::string::npos; at = doc.find(opt, at + 1)) {
+      const size_t end = at + opt.size();
+      if (end == doc.size() || !(std::isalnum(static_cast<unsigned char>(doc[end])) || doc[end] == '-'))
+        return true;
+    }
+    return false;
+  };
+  size_t seen = 0;
+  for (std::vector<std::string> cmd : std::vector<std::vector<std::string>>{
+           {}, {"ls"}, {"inspect"}, {"verify"}, {"gc"}, {"cp"}, {"synth", "save"}, {"synth", "check"},
+           {"demo"}, {"bench"}}) {
+    cmd.push_back("--help");
+    CliResult r = run(cmd);
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      // Option lines of CLI11's help: "  -h,--help ..." or "  --bytes TEXT ...".
+      const size_t first = line.find_first_not_of(' ');
+      if (first == std::string::npos || first < 2 || line[first] != '-') continue;
+      for (size_t at = line.find("--", first); at != std::string::npos && at < line.find(' ', first);
+           at = line.find("--", at + 2)) {
+        size_t end = at + 2;
+        while (end < line.size() && (std::isalnum(static_cast<unsigned char>(line[end])) || line[end] == '-')) ++end;
+        const std::string opt = line.substr(at, end - at);
+        if (opt == "--help" || opt == "--help-all") continue;
+        ++seen;
+        EXPECT_TRUE(in_doc(opt)) << show(cmd, r) << ": " << opt << " is not in docs/cli.md";
+      }
+    }
+  }
+  EXPECT_GT(seen, 60u) << "the help output was not parsed";
 }
 
 TEST_F(CliTest, DemoRunsAndRestartsBitExact) {

@@ -49,8 +49,8 @@ def _error(pair, **attrs):
 
 
 def cp(src_uri, dst_uri, step=None, *, all=False, overwrite=False, skip_identical=False,  # noqa: A002
-       step_format="run-{step}", dst_step_format=None, chunk_size=None, max_memory=None, on_progress=None,
-       src_options=None, dst_options=None, **options):
+       step_format="run-{step}", dst_step_format=None, format=None, zstd_level=1,  # noqa: A002
+       chunk_size=None, max_memory=None, on_progress=None, src_options=None, dst_options=None, **options):
     """Copies committed step `step` (None: the latest) of src_uri to dst_uri,
     or every committed step with all=True (oldest first; steps already at
     the destination with the same contents are skipped), checking every
@@ -61,6 +61,12 @@ def cp(src_uri, dst_uri, step=None, *, all=False, overwrite=False, skip_identica
     commit_seconds, seconds}], one per step copied or skipped. On failure
     raises the ckptio.Error, whose `.steps` lists the steps done before it.
 
+    format: the destination's layout: None (the source's), "ckptio" or
+    "eformer" (zarr v2 as eformer / TensorStore write it; zstd_level for its
+    chunks, default 1); a copy into another layout decodes and encodes every
+    leaf, bit-exact (docs/format.md section 7), as `ckptio cp --format`.
+    step_format / dst_step_format: step directory names at the source and
+    (if different) the destination.
     overwrite: replace steps committed at the destination. skip_identical:
     leave a step the destination already holds unchanged (implied by all).
     chunk_size / max_memory: request size and bound on the copy's buffers
@@ -77,6 +83,7 @@ def cp(src_uri, dst_uri, step=None, *, all=False, overwrite=False, skip_identica
     dst_local, dst_s3 = _storage({**options, **(dst_options or {})}, "cp")
     r = _ckptio.cp(str(src_uri), str(dst_uri), None if step is None else int(step), bool(all),
                    bool(overwrite), bool(skip_identical), step_format, dst_step_format or step_format,
+                   format or "", int(zstd_level),
                    int(chunk_size or 0), int(max_memory or 0), src_local, src_s3, dst_local, dst_s3,
                    on_progress)
     if r["error"] is not None:

@@ -169,7 +169,8 @@ py::dict copy_stats_dict(const CopyStats& s) {
 // seconds, error: None | (code, message)}.
 py::dict cp(const std::string& src_uri, const std::string& dst_uri, std::optional<int64_t> step, bool all,
             bool overwrite, bool skip_identical, const std::string& src_step_format,
-            const std::string& dst_step_format, uint64_t chunk_size, uint64_t max_memory, py::dict src_local,
+            const std::string& dst_step_format, const std::string& format, int zstd_level,
+            uint64_t chunk_size, uint64_t max_memory, py::dict src_local,
             py::dict src_s3, py::dict dst_local, py::dict dst_s3, py::object on_progress) {
   if (all && step) throw StatusError(invalid_argument("cp: pass either step or all=True, not both"));
   const Location src = location(src_uri, src_step_format, false, std::move(src_local), std::move(src_s3));
@@ -177,6 +178,8 @@ py::dict cp(const std::string& src_uri, const std::string& dst_uri, std::optiona
   CopyOptions co;
   co.src_step_format = src.step_format;
   co.dst_step_format = dst.step_format;
+  co.format = format;
+  co.zstd_level = zstd_level;
   co.overwrite = overwrite;
   co.skip_identical = skip_identical;
   co.chunk_size = chunk_size;
@@ -413,7 +416,8 @@ py::dict gc(const std::string& uri, int keep_last, int64_t keep_every, double mi
 
 void bind_tools(py::module_& m) {
   m.def("cp", &cp, py::arg("src"), py::arg("dst"), py::arg("step"), py::arg("all"), py::arg("overwrite"),
-        py::arg("skip_identical"), py::arg("src_step_format"), py::arg("dst_step_format"), py::arg("chunk_size"),
+        py::arg("skip_identical"), py::arg("src_step_format"), py::arg("dst_step_format"), py::arg("format"),
+        py::arg("zstd_level"), py::arg("chunk_size"),
         py::arg("max_memory"), py::arg("src_local"), py::arg("src_s3"), py::arg("dst_local"), py::arg("dst_s3"),
         py::arg("on_progress"), "ckptio cp (see ckptio.cp)");
   m.def("verify", &verify, py::arg("uri"), py::arg("step"), py::arg("all"), py::arg("step_format"),

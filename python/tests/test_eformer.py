@@ -96,3 +96,27 @@ def test_save_in_eformer_layout_reads_back_and_in_zarr_python(tmp_path):
     assert json.load(open(os.path.join(step_dir, "metadata.json")))["step"] == 3
     z = zarr.open_array(os.path.join(step_dir, "model", "dense", "kernel"), mode="r")
     np.testing.assert_array_equal(z[...], state["model"]["dense"]["kernel"])
+
+
+def test_cp_converts_between_layouts_as_the_cli_does(tmp_path):
+    src, ef, back = (str(tmp_path / n) for n in ("src", "ef", "back"))
+    rng = np.random.default_rng(28)
+    state = {"model": {"w": rng.standard_normal((16, 8)).astype(np.float32)}, "tx": {"count": np.int32(4)}}
+    with ckptio.CheckpointManager(src) as mgr:
+        mgr.save(2, state).wait()
+    (done,) = ckptio.cp(src, ef, format="eformer", zstd_level=3)
+    assert done["step"] == 2 and not done["skipped"]
+    w_dir = os.path.join(ef, "run-2", "model", "w")
+    zarray = json.load(open(os.path.join(w_dir, ".zarray")))
+    assert zarray["compressor"] == {"id": "zstd", "level": 3}
+    np.testing.assert_array_equal(zarr.open_array(w_dir, mode="r")[...], state["model"]["w"])
+    # And back into ckptio's layout (the source's layout is the default: say it).
+    ckptio.cp(ef, back, format="ckptio")
+    assert os.path.exists(os.path.join(back, "run-2", "ckptio_index.json"))
+    tree = ckptio.CheckpointManager(back).restore()
+    np.testing.assert_array_equal(tree["model"]["w"], state["model"]["w"])
+    assert ckptio.verify(back)["ok"]
+    with pytest.raises(ckptio.InvalidArgument, match="unknown format"):
+        ckptio.cp(src, str(tmp_path / "x"), format="zarr3")
+    with pytest.raises(ckptio.InvalidArgument, match="zstd level"):
+        ckptio.cp(src, str(tmp_path / "y"), format="eformer", zstd_level=99)

@@ -6,8 +6,7 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 def parse_size(s):
     """"4096", "512K", "256M", "2G", "2GiB", "1.5gb": binary units, any case."""
-    t = str(s).strip()
-    low = t.lower()
+    low = str(s).strip().lower()
     for tail in ("ib", "b"):
         if low.endswith(tail) and low[: -len(tail)][-1:] in ("k", "m", "g"):
             low = low[: -len(tail)]

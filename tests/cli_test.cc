@@ -499,12 +499,10 @@ TEST_F(CliTest, EveryOptionInHelpIsInTheReference) {
   std::ifstream in(std::string(CKPTIO_SOURCE_DIR) + "/docs/cli.md");
   ASSERT_TRUE(in) << "docs/cli.md";
   const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-'; };
   auto in_doc = [&](const std::string& opt) {
-    for (size_t at = doc.find(opt); at != std::string::npos; at = doc.find(opt, at + 1)) {
-      const size_t end = at + opt.size();
-      if (end == doc.size() || !(std::isalnum(static_cast<unsigned char>(doc[end])) || doc[end] == '-'))
-        return true;
-    }
+    for (size_t at = doc.find(opt); at != std::string::npos; at = doc.find(opt, at + 1))
+      if (at + opt.size() == doc.size() || !word(doc[at + opt.size()])) return true;
     return false;
   };
   size_t seen = 0;
@@ -515,13 +513,14 @@ TEST_F(CliTest, EveryOptionInHelpIsInTheReference) {
     CliResult r = run(cmd);
     std::istringstream lines(r.out);
     for (std::string line; std::getline(lines, line);) {
-      // Option lines of CLI11's help: "  -h,--help ..." or "  --bytes TEXT ...".
+      // Option lines of CLI11's help: "  -h,--help ..." or "  --bytes TEXT ...";
+      // the names run to the first space.
       const size_t first = line.find_first_not_of(' ');
       if (first == std::string::npos || first < 2 || line[first] != '-') continue;
-      for (size_t at = line.find("--", first); at != std::string::npos && at < line.find(' ', first);
-           at = line.find("--", at + 2)) {
+      const size_t names_end = line.find(' ', first);
+      for (size_t at = line.find("--", first); at < names_end; at = line.find("--", at + 2)) {
         size_t end = at + 2;
-        while (end < line.size() && (std::isalnum(static_cast<unsigned char>(line[end])) || line[end] == '-')) ++end;
+        while (end < line.size() && word(line[end])) ++end;
         const std::string opt = line.substr(at, end - at);
         if (opt == "--help" || opt == "--help-all") continue;
         ++seen;

@@ -543,4 +543,44 @@ TEST_F(CliTest, DemoRunsAndRestartsBitExact) {
   run({"synth", "check", dir_});  // the demo's metadata describes its updates
 }
 
+// The CLI links no S3 code (docs/architecture.md, "Backends loaded on
+// demand"): it starts without libcurl's libraries and loads the module
+// ckptio_s3_backend.so from beside itself on the first s3:// URI, or says
+// clearly why it cannot.
+TEST_F(CliTest, TheS3BackendIsAModuleLoadedOnTheFirstS3Uri) {
+  struct Env {  // set for the children this test starts
+    std::string name;
+    Env(const char* n, const std::string& v) : name(n) { setenv(n, v.c_str(), 1); }
+    ~Env() { unsetenv(name.c_str()); }
+  };
+  {
+    Env trace("LD_TRACE_LOADED_OBJECTS", "1");  // the dynamic loader lists what it loads, and exits
+    CliResult r = run_cli({});
+    ASSERT_NE(r.out.find("libc.so"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("libcurl"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("ckptio_s3_backend"), std::string::npos) << r.out;
+  }
+  // Loaded: the backend itself refuses a bucket name too short (usage error).
+  CliResult bad = run({"ls", "s3://ab/x"}, 2);
+  EXPECT_NE(bad.err.find("bucket names have 3 to 63 characters"), std::string::npos) << bad.err;
+  // Not found where CKPTIO_BACKEND_PATH says: the module and the place are named.
+  const std::string empty = dir_ + "/no-modules";
+  fs::create_directories(empty);
+  {
+    Env path("CKPTIO_BACKEND_PATH", empty);
+    CliResult r = run({"ls", "s3://abc/x"}, 1);
+    expect_one_error_line(r);
+    EXPECT_NE(r.err.find("ckptio_s3_backend.so, which is not in " + empty), std::string::npos) << r.err;
+  }
+  // A file of that name that is not a module: the loader's reason, no crash.
+  {
+    std::ofstream(empty + "/ckptio_s3_backend.so") << "not an ELF file\n";
+    Env path("CKPTIO_BACKEND_PATH", "/nonexistent:" + empty);
+    CliResult r = run({"ls", "s3://abc/x"}, 1);
+    expect_one_error_line(r);
+    EXPECT_NE(r.err.find("s3:// URIs need the backend module ckptio_s3_backend.so: " + empty), std::string::npos)
+        << r.err;
+  }
+}
+
 }  // namespace

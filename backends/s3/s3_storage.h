@@ -54,4 +54,8 @@ class S3Storage : public Storage {
 // Opens s3://bucket[/prefix] with `config` (see resolve_s3_config()).
 Result<std::shared_ptr<S3Storage>> make_s3_storage(const std::string& uri, const S3Config& config);
 
+// The backend's opener (s3_open.cc): the S3Options in `options` over the AWS
+// conventions (resolve_s3_config), then make_s3_storage.
+Result<std::shared_ptr<Storage>> open_s3_uri(const std::string& uri, const StorageOptions& options);
+
 }  // namespace ckptio::s3

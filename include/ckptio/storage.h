@@ -298,6 +298,10 @@ std::vector<std::string> registered_storage_schemes();
 // store), mem://NAME (an in-process store shared by name, for tests), or
 // whatever else was registered. kInvalidArgument for an empty URI or one
 // whose scheme no backend registered (the message lists those that are).
+// In a program built without the S3 backend (the CLI, the Python package)
+// the first s3:// URI loads it from its module, ckptio_s3_backend.so
+// (docs/architecture.md, "Backends loaded on demand"); kUnimplemented,
+// naming where it looked, when that fails.
 Result<std::shared_ptr<Storage>> open_storage(const std::string& uri,
                                               const StorageOptions& options = {});
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "ckptio/storage.h"
+#include "src/storage/backend_module.h"
 
 namespace ckptio {
 
@@ -32,6 +33,8 @@ std::string scheme_list(const std::map<std::string, StorageOpener>& openers) {
     if (!out.empty()) out += ", ";
     out += scheme.empty() ? std::string("a path") : scheme + "://";
   }
+  if (!openers.count("s3") && backend_module_file("s3"))  // a module (backend_module.h)
+    out += std::string(out.empty() ? "" : ", ") + "s3:// (loaded on demand)";
   return out.empty() ? "none: link ckptio::ckptio, which registers the built-in backends" : out;
 }
 
@@ -66,10 +69,33 @@ std::vector<std::string> registered_storage_schemes() {
   return out;
 }
 
+namespace {
+
+// Registers the opener of a backend built as a module (backend_module.h) on
+// the first URI of its scheme. A module linked against a shared
+// libckptio_s3.so registered it as it loaded; one linked from the static
+// archives hands its opener over.
+Status load_module_of(const std::string& scheme) {
+  CKPTIO_ASSIGN_OR_RETURN(const BackendModule* module, load_backend_module(scheme));
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (!r.openers.count(scheme)) r.openers.emplace(scheme, module->open);
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<std::shared_ptr<Storage>> open_storage(const std::string& uri, const StorageOptions& options) {
   if (uri.empty()) return invalid_argument("empty URI");
   const size_t sep = uri.find("://");
   const std::string scheme = sep == std::string::npos ? std::string() : uri.substr(0, sep);
+  bool registered;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    registered = r.openers.count(scheme) > 0;
+  }
+  if (!registered && backend_module_file(scheme)) CKPTIO_RETURN_IF_ERROR(load_module_of(scheme));
   StorageOpener opener;
   {
     Registry& r = registry();

@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ckptio/storage.h"
 
@@ -34,6 +35,9 @@ inline constexpr const char* kBackendModuleEntry = "ckptio_backend_module_v1";
 // The file of the module that opens `scheme` ("ckptio_s3_backend.so" for
 // "s3"), or nullptr.
 const char* backend_module_file(const std::string& scheme);
+
+// The schemes that have a module, sorted.
+std::vector<std::string> backend_module_schemes();
 
 // Finds, loads and checks the module of `scheme` (backend_modules.cc); the
 // caller registers its opener. kUnimplemented, naming the directories

@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <mutex>
@@ -92,6 +93,13 @@ const char* backend_module_file(const std::string& scheme) {
   for (const auto& m : kKnownModules)
     if (scheme == m.scheme) return m.file;
   return nullptr;
+}
+
+std::vector<std::string> backend_module_schemes() {
+  std::vector<std::string> out;
+  for (const auto& m : kKnownModules) out.push_back(m.scheme);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 Result<const BackendModule*> load_backend_module(const std::string& scheme) {

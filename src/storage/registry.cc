@@ -33,8 +33,8 @@ std::string scheme_list(const std::map<std::string, StorageOpener>& openers) {
     if (!out.empty()) out += ", ";
     out += scheme.empty() ? std::string("a path") : scheme + "://";
   }
-  if (!openers.count("s3") && backend_module_file("s3"))  // a module (backend_module.h)
-    out += std::string(out.empty() ? "" : ", ") + "s3:// (loaded on demand)";
+  for (const std::string& scheme : backend_module_schemes())  // modules (backend_module.h)
+    if (!openers.count(scheme)) out += (out.empty() ? "" : ", ") + scheme + ":// (loaded on demand)";
   return out.empty() ? "none: link ckptio::ckptio, which registers the built-in backends" : out;
 }
 

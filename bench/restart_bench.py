@@ -534,19 +534,33 @@ def data_bytes(ckpt):
 def prefault_pairs(a):
     """--prefault-pairs N --ckpt DIR: `synth check DIR` with and without
     --no-prefault, N pairs, alternating which goes first, cold cache, fresh
-    process each: what prefaulting is worth on the device under DIR."""
+    process each: what prefaulting is worth on the device under DIR.
+
+    Each restore starts as it does in the rotation of a full run: a process
+    first touches as many bytes as the state and exits (numpy.load and
+    torch.load leave that much memory free before the next contender), then
+    the page cache is dropped and --settle s pass (free page reporting hands
+    idle memory back to the host). --pairs-fresh skips both: restores back to
+    back, the way this mode ran before 2026-11-28."""
     import statistics
     size = data_bytes(a.ckpt)
     res = {"on": [], "off": []}
     for r in range(a.prefault_pairs):
         for v in (("on", "off") if r % 2 == 0 else ("off", "on")):
-            drop_caches()
+            if a.pairs_fresh:
+                drop_caches()
+            else:
+                first_touch_gbps(size)
+                drop_caches(a.settle)
             s, _, _ = spawn([a.ckptio, "synth", "check", a.ckpt, "--json"] + (["--no-prefault"] if v == "off" else []))
             res[v].append(size / s / 1e9)
     on, off = statistics.median(res["on"]), statistics.median(res["off"])
     pairs = [x / y for x, y in zip(res["on"], res["off"])]
-    print("%s, %d pairs: prefault on %.2f GB/s (%.2f-%.2f), off %.2f GB/s (%.2f-%.2f), on / off %.2f; "
-          "pairs >= 1: %d; per pair %s" % (size_name(size), len(pairs), on, min(res["on"]), max(res["on"]), off,
+    print("%s, %d pairs (%s): prefault on %.2f GB/s (%.2f-%.2f), off %.2f GB/s (%.2f-%.2f), on / off %.2f; "
+          "pairs >= 1: %d; per pair %s" % (size_name(size), len(pairs),
+                                           "back to back" if a.pairs_fresh else
+                                           "each after a first touch of as much and %g s idle" % a.settle,
+                                           on, min(res["on"]), max(res["on"]), off,
                                            min(res["off"]), max(res["off"]), on / off,
                                            sum(x >= 1 for x in pairs), ", ".join("%.2f" % x for x in pairs)))
     return 0
@@ -672,6 +686,8 @@ def main():
                     help="size of the step saved by 8 processes and restarted by 1, 2, 3 ('' to skip)")
     ap.add_argument("--prefault-pairs", type=int, default=0, metavar="N",
                     help="only compare `synth check` with and without --no-prefault, N pairs, on --ckpt")
+    ap.add_argument("--pairs-fresh", action="store_true",
+                    help="--prefault-pairs back to back, without the first touch and --settle before each")
     ap.add_argument("--python-pairs", type=int, default=0, metavar="N",
                     help="only compare the CLI's restart with the Python package's, N pairs, on --ckpt")
     ap.add_argument("--touch-pairs", type=int, default=0, metavar="N",

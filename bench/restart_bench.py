@@ -21,12 +21,14 @@ same leaves (bench/synthpy.py), writes them as one .npy per leaf and as one
 torch.save of the state_dict (each fsynced), writes the leaves' CRC32s, and
 exits, so that the parent holds no state while the contenders run.
 
-Per repetition, each contender after `sync; echo 3 > /proc/sys/vm/drop_caches`
-and --settle seconds (default 8; not before fio: the memory the previous contender freed goes
-idle for every contender alike, docs/restart.md), in a fresh process, the order
-rotated by one each repetition, and on odd repetitions ckptio and python swap
-places (rotation alone kept python right after the CLI, on memory it had just
-freed, in two of three repetitions):
+Per repetition, each contender but fio after a process that first-touches as
+many bytes as the state and exits, `sync; echo 3 > /proc/sys/vm/drop_caches`
+and --settle seconds (default 8), so that all of them start on memory freed
+and left idle alike (free page reporting: docs/restart.md; fio's reads touch
+no fresh memory), in a fresh process, the order rotated by one each
+repetition, and on odd repetitions ckptio and python swap places, and ckptio
+and ckptio_noprefault (rotation alone kept python right after the CLI, and the
+restart without prefaulting right after numpy.load):
   fio        the best of three reads of the step's data file: one job at depth
              32 with 1 MiB blocks (O_DIRECT, io_uring), 8 jobs at depth 8 with
              8 MiB blocks over eighths of the file, one buffered job (psync, 1 MiB);
@@ -235,6 +237,19 @@ class Run:
     def drop(self, settle=True):
         self.cold &= drop_caches(self.a.settle if settle else 0)
 
+    def even_start(self, size, env=None):
+        """Before each contender that restores into fresh memory: a process
+        first-touches as many bytes as the state and exits, so that every one
+        starts after the same thing (`size` bytes just freed, then the drop and
+        --settle). Without it, whoever followed numpy.load or torch.load (which
+        free the state's arrays and as much page cache) first-touched memory
+        the host still backed, and won by up to 3x: "prefault on ÷ off" was
+        0.62 and 0.68 where the restart without prefaulting came right after
+        numpy.load and 1.09 where the prefaulted one did (2 GiB, 2026-11-28,
+        docs/restart.md). --uneven-start leaves it out."""
+        if not self.a.uneven_start:
+            first_touch_gbps(size, env)
+
     def fio_one(self, path, size, jobs, depth, bs, direct):
         import contenders as C
         self.drop(settle=False)
@@ -273,6 +288,7 @@ class Run:
             runs.setdefault("fio_best", []).append(max(runs[k][-1] for k in
                                                        ("fio_1x32_1m", "fio_8x8_8m", "fio_buffered")))
             return
+        self.even_start(size, env)
         self.drop()
         if who == "touch":  # what this VM's fresh memory allows right now: no disk at all
             runs.setdefault("touch_gbps", []).append(first_touch_gbps(size, env))
@@ -360,6 +376,7 @@ class Run:
                             self.fio_one(fio_file, size, 1, 1, MiB, False)))
                         continue
                     n = int(who[1:])
+                    self.even_start(size)
                     self.drop()
                     sec, rss, j = spawn([a.ckptio, "synth", "check", ck, "--mesh", "dp=%d" % n, "--processes", str(n),
                                          "--json"])
@@ -476,10 +493,13 @@ def markdown(res, level="##"):
          "Command: `%s`%s  " % (res["command"], " (run by `%s`)" % res["run_by"] if res.get("run_by") else ""),
          "Date: %s (%.1f min); load average %s at the start, %s at the end; scratch on %s  " % (
              res["date"], res["seconds"] / 60, res["load_start"], res["load_end"], res["filesystem"]),
-         "Each contender in a fresh process after `sync; echo 3 > /proc/sys/vm/drop_caches` (done: **%s**)%s, "
+         "Each contender in a fresh process after %s`sync; echo 3 > /proc/sys/vm/drop_caches` (done: **%s**)%s, "
          "timed from just before the parent starts it to the moment it reports the state in memory; "
          "contenders rotated each repetition. ckptio verifies every checksum inside that time; the others "
-         "are checked (CRC32 per leaf) after it." % ("yes" if res["cold_cache"] else "NO",
+         "are checked (CRC32 per leaf) after it." % ("" if res.get("uneven_start", True) else
+                                                     "a process that first-touches as many bytes as the state and "
+                                                     "exits (fio's excepted), ",
+                                                     "yes" if res["cold_cache"] else "NO",
                                                      " and %g s idle" % res["settle"] if res.get("settle") else ""), ""]
     for name, s in sizes_in_order(res):
         r, rat = s["runs"], res["ratios"][name]
@@ -693,6 +713,8 @@ def main():
                     help="size of the step saved by 8 processes and restarted by 1, 2, 3 ('' to skip)")
     ap.add_argument("--prefault-pairs", type=int, default=0, metavar="N",
                     help="only compare `synth check` with and without --no-prefault, N pairs, on --ckpt")
+    ap.add_argument("--uneven-start", action="store_true",
+                    help="do not first-touch as many bytes as the state before each fresh-memory contender")
     ap.add_argument("--pairs-fresh", action="store_true",
                     help="--prefault-pairs back to back, without the first touch and --settle before each")
     ap.add_argument("--python-pairs", type=int, default=0, metavar="N",
@@ -737,7 +759,8 @@ def main():
                         capture_output=True, text=True).stdout.strip()
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "ckptio": a.ckptio, "sizes": {},
            "errors": run.errors, "load_start": loadavg(), "filesystem": fs or "?",
-           "command": " ".join(["bench/restart_bench.py"] + sys.argv[1:]), "settle": a.settle}
+           "command": " ".join(["bench/restart_bench.py"] + sys.argv[1:]), "settle": a.settle,
+           "uneven_start": a.uneven_start}
     t = time.monotonic()
     try:
         for s in filter(None, a.sizes.split(",")):

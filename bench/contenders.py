@@ -36,6 +36,18 @@ def add_settle_arg(ap):
                          "(default %g; docs/restart.md, 'Why fresh memory is slow on this VM')" % SETTLE_DEFAULT)
 
 
+def touch_and_free(nbytes):
+    """A fresh process first-touches `nbytes` of memory and exits. Run before
+    each restore into fresh memory, so that all of them start after the same
+    thing: a contender that followed numpy.load or torch.load (which free the
+    state's arrays and as much page cache) otherwise first-touched memory the
+    host still backed, and won by up to 3x (docs/restart.md, "What follows
+    numpy.load wins")."""
+    subprocess.run([sys.executable, "-c", "import mmap, sys; m = mmap.mmap(-1, int(sys.argv[1]), "
+                    "flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS); m.madvise(23)", str(int(nbytes))],
+                   check=True)  # 23: MADV_POPULATE_WRITE (Linux 5.14)
+
+
 def drop_caches(settle=0.0):
     """sync, then drop the page cache. True when it was dropped (needs root).
 

@@ -26,9 +26,11 @@ Per repetition (the order of the contenders rotates by one each repetition):
            measured right after), `ckptio bench` borrow and copy (the C++
            stall of the same leaves), torch.save + fsync, numpy.save per leaf
            + fsync, zarr-python v2 (bench/contenders.py, as bench/run-all);
-  restores (each after `sync; echo 3 > /proc/sys/vm/drop_caches` and --settle
-           seconds, 8 by default, so that each starts on idle memory as in
-           bench/restart_bench.py (fio's reads excepted), each in a fresh
+  restores (each after a process that first-touches as many bytes as the
+           state and exits, `sync; echo 3 > /proc/sys/vm/drop_caches` and
+           --settle seconds, 8 by default, so that each starts on memory freed
+           and left idle alike, as in bench/restart_bench.py (fio's reads
+           excepted; --uneven-start: without the first touch), each in a fresh
            process, timed around the load call only, verified against a
            CRC32 of every leaf afterwards): ckptio's Python restore() and the
            CLI's `ckptio synth check` of the same step (which the Python borrow
@@ -503,6 +505,7 @@ class Bench:
 
     # -- restores: fresh process, cold cache
     def child(self, who, path):
+        self.even_start()
         self.drop()
         p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", who, "--path", path,
                             "--expect", self.expect], capture_output=True, text=True, timeout=1800)
@@ -512,6 +515,13 @@ class Bench:
         if not j.get("verified"):
             raise RuntimeError("child %s: restored bytes differ: %s" % (who, j.get("error")))
         return j
+
+    def even_start(self):
+        """Every restore into fresh memory starts after the same first touch
+        of as many bytes as the state (contenders.touch_and_free)."""
+        if not self.a.uneven_start:
+            import contenders as C
+            C.touch_and_free(self.total)
 
     def restore(self, who):
         if who == "py_restore":
@@ -523,6 +533,7 @@ class Bench:
             self.add("py_restore_peak_rss_mib", j["peak_rss_bytes"] / MiB)
         elif who == "cli_restore":
             import contenders as C
+            self.even_start()
             self.drop()
             c = C.ckptio_synth_check(self.exe, os.path.join(self.dir, "ck-borrow"), step=2)
             self.add("cli_restore_gbps", c["bytes"] / c["restore_seconds"] / 1e9)
@@ -769,7 +780,9 @@ def markdown(res, level="##"):
           "Page cache dropped before every read: **%s**%s" % (
               "yes" if res["cold_cache"] else "NO",
               ", then %g s idle before each restore but fio's (docs/restart.md)" % res["settle"]
-              if res.get("settle") else ""), ""]
+              if res.get("settle") else "") + (
+              "; before each restore but fio's, a process first-touched as many bytes as the state and exited"
+              if res.get("uneven_start") is False else ""), ""]
     L += ["| target | goal | this run | verdict |", "|---|---|---|---|"]
     for t in res["targets"]:
         L.append("| %s | %s | %s | %s%s |" % (t["name"], t["goal_text"], t["figure"], verdict(t),
@@ -898,6 +911,8 @@ def main():
     ap.add_argument("--markdown", default="", help="also write the Markdown section here")
     import contenders as C
     C.add_settle_arg(ap)
+    ap.add_argument("--uneven-start", action="store_true",
+                    help="do not first-touch as many bytes as the state before each restore")
     ap.add_argument("--idle-window", type=float, default=1.0, help="seconds of each idle-rate window")
     ap.add_argument("--no-gil-control", action="store_true", help="skip the separate-process control")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
@@ -930,7 +945,7 @@ def main():
            "ckptio": a.ckptio, "extension": os.path.relpath(ckptio._ckptio.__file__, ROOT)
            if ckptio._ckptio.__file__.startswith(ROOT) else ckptio._ckptio.__file__,
            "python": platform.python_version(), "numpy": np.__version__, "nproc": os.cpu_count(),
-           "settle": a.settle}
+           "settle": a.settle, "uneven_start": a.uneven_start}
     b = Bench(a)
     if os.geteuid() != 0:
         b.notes.append("not root: the page cache could not be dropped, so reads may come from memory")

@@ -237,7 +237,7 @@ class Run:
     def drop(self, settle=True):
         self.cold &= drop_caches(self.a.settle if settle else 0)
 
-    def even_start(self, size, env=None):
+    def even_start(self, size):
         """Before each contender that restores into fresh memory: a process
         first-touches as many bytes as the state and exits, so that every one
         starts after the same thing (`size` bytes just freed, then the drop and
@@ -248,7 +248,8 @@ class Run:
         numpy.load and 1.09 where the prefaulted one did (2 GiB, 2026-11-28,
         docs/restart.md). --uneven-start leaves it out."""
         if not self.a.uneven_start:
-            first_touch_gbps(size, env)
+            import contenders as C
+            C.touch_and_free(size)
 
     def fio_one(self, path, size, jobs, depth, bs, direct):
         import contenders as C
@@ -288,7 +289,7 @@ class Run:
             runs.setdefault("fio_best", []).append(max(runs[k][-1] for k in
                                                        ("fio_1x32_1m", "fio_8x8_8m", "fio_buffered")))
             return
-        self.even_start(size, env)
+        self.even_start(size)
         self.drop()
         if who == "touch":  # what this VM's fresh memory allows right now: no disk at all
             runs.setdefault("touch_gbps", []).append(first_touch_gbps(size, env))

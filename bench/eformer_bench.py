@@ -16,9 +16,11 @@ level 1, tensorstore_index.json and metadata.json. zarr-python writes it
 (the writer a user has today). Writes, rotated each of --reps: zarr-python
 again, `ckptio cp <ckptio step> --format eformer`, and a save straight into
 the layout (CheckpointManager(layout="eformer")). Then, alternated, each in a fresh
-process after the page cache is dropped (root) and --settle seconds idle
-(default 8, as bench/restart_bench.py and bench/python_bench.py: every
-contender then first-touches idle memory, docs/restart.md), medians of --reps:
+process after another first-touches as many bytes as the state and exits,
+the page cache is dropped (root) and --settle seconds pass (default 8, as
+bench/restart_bench.py and bench/python_bench.py: every contender then starts
+on memory freed and left idle alike, docs/restart.md; --uneven-start: without
+the first touch), medians of --reps:
   - ckptio restore: `ckptio.CheckpointManager(base).restore()` (discovery,
     index, .zarray files, chunks read and decoded on every core);
   - zarr-python: every array opened and read whole (`z[...]`).
@@ -42,7 +44,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from contenders import add_settle_arg, drop_caches  # noqa: E402
+from contenders import add_settle_arg, drop_caches, touch_and_free  # noqa: E402
 from sizes import parse_size  # noqa: E402
 
 GiB = 1 << 30
@@ -216,6 +218,8 @@ def main():
     ap.add_argument("--dir", default="/var/tmp/ckptio-eformer-bench")
     ap.add_argument("--json")
     add_settle_arg(ap)
+    ap.add_argument("--uneven-start", action="store_true",
+                    help="do not first-touch as many bytes as the state before each restore")
     ap.add_argument("--ckptio", default=os.path.join(os.path.dirname(HERE), "build", "bin", "ckptio"))
     a = ap.parse_args()
     started, t_start, load_start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.time(), loadavg()
@@ -278,6 +282,8 @@ def main():
     cpu = []
     for rep in range(a.reps):
         for who in (("ckptio", "zarr") if rep % 2 == 0 else ("zarr", "ckptio")):
+            if not a.uneven_start:
+                touch_and_free(raw)  # every restore starts after the same freed memory
             cold = drop_caches(a.settle) and cold
             t0 = time.time()
             r = run_py(CKPTIO_READ if who == "ckptio" else ZARR_READ, a.dir)
@@ -302,7 +308,7 @@ def main():
         with open(a.json, "w") as f:
             json.dump({"command": " ".join(["bench/eformer_bench.py"] + sys.argv[1:]), "date": started,
                        "seconds": time.time() - t_start, "load_start": load_start, "load_end": loadavg(),
-                       "leaves": len(plan), "reps": a.reps, "cold_cache": cold, "settle": a.settle,
+                       "leaves": len(plan), "reps": a.reps, "cold_cache": cold, "settle": a.settle, "uneven_start": a.uneven_start,
                        "raw_bytes": raw, "stored_bytes": stored, "zarr_write_seconds": zwrites,
                        "restore_seconds": rows, "ckptio_write_seconds": writes, "ckptio_save_seconds": saves,
                        "cpu_seconds": cpu, "reshard_bytes_read": rs["bytes_read"],
@@ -344,7 +350,9 @@ def markdown(res, level="##"):
          "every leaf against the values written, untimed). Writes: the three writers rotated, every file "
          "fsynced by each." % (
              "yes" if res["cold_cache"] else "NO",
-             " and %g s idle (docs/restart.md)" % res["settle"] if res.get("settle") else ""), "",
+             (" and %g s idle (docs/restart.md)" % res["settle"] if res.get("settle") else "")
+             + ("; before each, a process first-touched as many bytes as the state and exited"
+                if res.get("uneven_start") is False else "")), "",
          "| | median (s) | GB/s | runs (s) |", "|---|---|---|---|",
          "| restore: ckptio (`CheckpointManager(base).restore()`) | %.2f | %.2f | %s |" % (
              rest["ckptio"], raw / rest["ckptio"] / 1e9, runs(res["restore_seconds"]["ckptio"])),

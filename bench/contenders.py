@@ -30,10 +30,14 @@ SETTLE_DEFAULT = 8.0
 
 
 def add_settle_arg(ap):
-    """The --settle option of the benchmarks that restore into fresh memory."""
+    """The --settle and --uneven-start options of the benchmarks that restore
+    into fresh memory."""
     ap.add_argument("--settle", type=float, default=SETTLE_DEFAULT,
                     help="seconds idle after dropping the page cache, before each restore but fio's "
                          "(default %g; docs/restart.md, 'Why fresh memory is slow on this VM')" % SETTLE_DEFAULT)
+    ap.add_argument("--uneven-start", action="store_true",
+                    help="do not first-touch as many bytes as the state before each restore into fresh memory "
+                         "(touch_and_free)")
 
 
 def touch_and_free(nbytes):

@@ -218,8 +218,6 @@ def main():
     ap.add_argument("--dir", default="/var/tmp/ckptio-eformer-bench")
     ap.add_argument("--json")
     add_settle_arg(ap)
-    ap.add_argument("--uneven-start", action="store_true",
-                    help="do not first-touch as many bytes as the state before each restore")
     ap.add_argument("--ckptio", default=os.path.join(os.path.dirname(HERE), "build", "bin", "ckptio"))
     a = ap.parse_args()
     started, t_start, load_start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), time.time(), loadavg()

@@ -911,8 +911,6 @@ def main():
     ap.add_argument("--markdown", default="", help="also write the Markdown section here")
     import contenders as C
     C.add_settle_arg(ap)
-    ap.add_argument("--uneven-start", action="store_true",
-                    help="do not first-touch as many bytes as the state before each restore")
     ap.add_argument("--idle-window", type=float, default=1.0, help="seconds of each idle-rate window")
     ap.add_argument("--no-gil-control", action="store_true", help="skip the separate-process control")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)

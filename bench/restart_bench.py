@@ -578,7 +578,8 @@ def prefault_pairs(a):
             if a.pairs_fresh:
                 drop_caches()
             else:
-                first_touch_gbps(size)
+                import contenders as C
+                C.touch_and_free(size)
                 drop_caches(a.settle)
             s, _, _ = spawn([a.ckptio, "synth", "check", a.ckpt, "--json"] + (["--no-prefault"] if v == "off" else []))
             res[v].append(size / s / 1e9)
@@ -714,8 +715,6 @@ def main():
                     help="size of the step saved by 8 processes and restarted by 1, 2, 3 ('' to skip)")
     ap.add_argument("--prefault-pairs", type=int, default=0, metavar="N",
                     help="only compare `synth check` with and without --no-prefault, N pairs, on --ckpt")
-    ap.add_argument("--uneven-start", action="store_true",
-                    help="do not first-touch as many bytes as the state before each fresh-memory contender")
     ap.add_argument("--pairs-fresh", action="store_true",
                     help="--prefault-pairs back to back, without the first touch and --settle before each")
     ap.add_argument("--python-pairs", type=int, default=0, metavar="N",

@@ -9,6 +9,7 @@ touched, against the disk's best read and what a user would run instead.
   bench/restart_bench.py --ckptio ... --python-pairs 10 --ckpt DIR     (the CLI against the Python package only)
   bench/restart_bench.py --touch-pairs 6      (first touch of freshly freed memory against idle free memory)
   bench/restart_bench.py --contention-rounds 5 --ckpt DIR   (the disk's read alone and while memory is first-touched)
+  bench/restart_bench.py --ckptio ... --warm-rounds 6 --ckpt DIR  (restores into fresh and touched memory, fio)
 
 After the sizes, --sharded SIZE (default 2GiB): a step saved by 8 processes
 (dim 0 of every leaf over dp=8) restarted by 1, 2 and 3 fresh processes
@@ -136,6 +137,19 @@ def child(a):
         ready = time.monotonic()
         print(json.dumps({"ready_monotonic_s": ready, "imported_monotonic_s": imported, "verified": True,
                           "restore_seconds": info.stats["seconds"]}))
+        return 0
+    if a.child == "warm":  # --warm-rounds: into fresh memory, then (cache dropped) into the same arrays
+        import ckptio
+        m = ckptio.CheckpointManager(a.path)
+        t0 = time.monotonic()
+        tree = m.restore()
+        t1 = time.monotonic()
+        drop_caches()
+        t2 = time.monotonic()
+        m.restore(into=tree)
+        t3 = time.monotonic()
+        print(json.dumps({"ready_monotonic_s": t3, "fresh_seconds": t1 - t0, "warm_seconds": t3 - t2,
+                          "verified": True}))
         return 0
     import numpy as np
     with open(a.expect) as f:
@@ -569,9 +583,13 @@ def prefault_pairs(a):
     torch.load leave that much memory free before the next contender), then
     the page cache is dropped and --settle s pass (free page reporting hands
     idle memory back to the host). --pairs-fresh skips both: restores back to
-    back, the way this mode ran before 2026-11-28."""
+    back, the way this mode ran before 2026-11-28. --pairs-processes N: each
+    restore by N processes into a sharding (`--mesh dp=N --processes N`, as
+    the sharded restarts of a full run; a step saved by several processes)."""
     import statistics
     size = data_bytes(a.ckpt)
+    mesh = ["--mesh", "dp=%d" % a.pairs_processes, "--processes", str(a.pairs_processes)] \
+        if a.pairs_processes else []
     res = {"on": [], "off": []}
     for r in range(a.prefault_pairs):
         for v in (("on", "off") if r % 2 == 0 else ("off", "on")):
@@ -581,12 +599,14 @@ def prefault_pairs(a):
                 import contenders as C
                 C.touch_and_free(size)
                 drop_caches(a.settle)
-            s, _, _ = spawn([a.ckptio, "synth", "check", a.ckpt, "--json"] + (["--no-prefault"] if v == "off" else []))
+            s, _, _ = spawn([a.ckptio, "synth", "check", a.ckpt, "--json"] + mesh +
+                            (["--no-prefault"] if v == "off" else []))
             res[v].append(size / s / 1e9)
     on, off = statistics.median(res["on"]), statistics.median(res["off"])
     pairs = [x / y for x, y in zip(res["on"], res["off"])]
-    print("%s, %d pairs (%s): prefault on %.2f GB/s (%.2f-%.2f), off %.2f GB/s (%.2f-%.2f), on / off %.2f; "
-          "pairs >= 1: %d; per pair %s" % (size_name(size), len(pairs),
+    print("%s%s, %d pairs (%s): prefault on %.2f GB/s (%.2f-%.2f), off %.2f GB/s (%.2f-%.2f), on / off %.2f; "
+          "pairs >= 1: %d; per pair %s" % (size_name(size), " by %d processes into a sharding" % a.pairs_processes
+                                           if a.pairs_processes else "", len(pairs),
                                            "back to back" if a.pairs_fresh else
                                            "each after a first touch of as much and %g s idle" % a.settle,
                                            on, min(res["on"]), max(res["on"]), off,
@@ -670,6 +690,54 @@ def touch_pairs(a):
     return 0
 
 
+def warm_rounds(a):
+    """--warm-rounds N --ckpt DIR: where a restart's time goes against the
+    disk's. Per round, in an order rotated by one: fio's three reads of the
+    step's data file (FIO_BEST, page cache dropped before each), and one fresh
+    Python process that restores the step into fresh memory (after a first
+    touch of as much memory elsewhere, the drop and --settle, as in a full
+    run), then drops the page cache and restores it again into the arrays it
+    just filled (`restore(into=)`: memory already touched). Both restores are
+    timed around the call alone and verify every checksum. Prints per-shape
+    medians, the per-round best (what the full run's "fio's best" is) against
+    the best shape's median, and fresh against touched memory."""
+    import contenders as C
+    size = data_bytes(a.ckpt)
+    data = largest_data_file(os.path.join(a.ckpt, max(os.listdir(a.ckpt))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (
+        os.path.join(os.path.dirname(os.path.dirname(a.ckptio)), "python"), os.environ.get("PYTHONPATH")) if p))
+    keys = [k for k, *_ in C.FIO_BEST]
+    res = {k: [] for k in keys + ["best", "fresh", "warm"]}
+
+    def fio():
+        for key, jobs, depth, bs, direct in C.FIO_BEST:
+            drop_caches()
+            res[key].append(C.fio_job(data, size, "read", jobs, depth, bs, direct))
+        res["best"].append(max(res[k][-1] for k in keys))
+
+    def restore():
+        C.touch_and_free(size)
+        drop_caches(a.settle)
+        _, _, j = spawn([sys.executable, os.path.abspath(__file__), "--child", "warm", "--path", a.ckpt], env)
+        res["fresh"].append(size / j["fresh_seconds"] / 1e9)
+        res["warm"].append(size / j["warm_seconds"] / 1e9)
+    for r in range(a.warm_rounds):
+        for f in ((fio, restore) if r % 2 == 0 else (restore, fio)):
+            f()
+        log("round %d: %s" % (r + 1, ", ".join("%s %.2f" % (k, v[-1]) for k, v in res.items())))
+    m = {k: med(v) for k, v in res.items()}
+    shape = max(keys, key=lambda k: m[k])
+    r = lambda k: "%.2f (%.2f-%.2f)" % (m[k], min(res[k]), max(res[k]))  # noqa: E731
+    print("%s, %d rounds, GB/s median (min-max): fio %s; fio's best per round %s; restore into fresh memory %s, "
+          "into touched memory %s" % (size_name(size), a.warm_rounds, "; ".join("%s %s" % (k, r(k)) for k in keys),
+                                      r("best"), r("fresh"), r("warm")))
+    print("fio's best per round / its best shape's median (%s): %.2f; fresh / touched: %.2f; touched / fio's best "
+          "shape: %.2f; fresh / fio's best shape: %.2f; fresh / fio's best per round: %.2f" % (
+              shape, m["best"] / m[shape], m["fresh"] / m["warm"], m["warm"] / m[shape], m["fresh"] / m[shape],
+              m["fresh"] / m["best"]))
+    return 0
+
+
 def contention_rounds(a):
     """--contention-rounds N --ckpt DIR: does reading the disk slow down while
     fresh memory is first-touched? Per round, each after dropping the page
@@ -717,6 +785,8 @@ def main():
                     help="only compare `synth check` with and without --no-prefault, N pairs, on --ckpt")
     ap.add_argument("--pairs-fresh", action="store_true",
                     help="--prefault-pairs back to back, without the first touch and --settle before each")
+    ap.add_argument("--pairs-processes", type=int, default=0, metavar="N",
+                    help="--prefault-pairs restoring by N processes into a sharding (--mesh dp=N --processes N)")
     ap.add_argument("--python-pairs", type=int, default=0, metavar="N",
                     help="only compare the CLI's restart with the Python package's, N pairs, on --ckpt")
     ap.add_argument("--touch-pairs", type=int, default=0, metavar="N",
@@ -727,9 +797,12 @@ def main():
     ap.add_argument("--contention-rounds", type=int, default=0, metavar="N",
                     help="only time fio's read of --ckpt's data alone and while fresh memory is first-touched")
     ap.add_argument("--touch-wait", type=float, default=8.0)
+    ap.add_argument("--warm-rounds", type=int, default=0, metavar="N",
+                    help="only time fio's reads, a restore into fresh memory and one into touched memory, on --ckpt")
     ap.add_argument("--bytes", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--ckpt", default=None,
-                    help="a checkpoint directory (`ckptio synth save`) for --prefault-pairs / --python-pairs")
+                    help="a checkpoint directory (`ckptio synth save`) for --prefault-pairs, --python-pairs, "
+                         "--warm-rounds, --contention-rounds")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--export", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--path", default=None, help=argparse.SUPPRESS)
@@ -746,6 +819,9 @@ def main():
         return touch_pairs(a)
     if a.contention_rounds:
         return contention_rounds(a)
+    if a.warm_rounds:
+        a.ckptio = os.path.abspath(a.ckptio)
+        return warm_rounds(a)
     if a.python_pairs:
         a.ckptio = os.path.abspath(a.ckptio)
         return python_pairs(a)

@@ -11,10 +11,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <set>
@@ -23,12 +27,16 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "ckptio/ckptio.h"
 #include "src/util/box_runs.h"
+#include "src/util/populate.h"
 #include "src/transform/cast.h"
 #include "src/restore/restore_sharded.h"
 #include "src/save/save_plan.h"
 #include "testutil/backend_fixture.h"
+#include "testutil/forwarding_storage.h"
 #include "testutil/random_bytes.h"
 
 namespace ckptio {
@@ -742,6 +750,106 @@ TEST_P(ShardedRestore, FloatDtypeCastsEveryDeviceBuffer) {
   }
   EXPECT_EQ(t.device_shards[0].data.data(), t.device_shards[1].data.data());  // replicas over b
   EXPECT_NE(t.device_shards[0].data.data(), t.device_shards[2].data.data());
+}
+
+// Resident bytes of this process (/proc/self/statm).
+uint64_t resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  unsigned long long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%llu %llu", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+// Holds every read back until this process's resident memory has grown by
+// `grow` bytes since the first read arrived, or for 1 s (memory the heap
+// reuses is resident already): memory that no read has landed in yet is
+// faulted in only by a thread that does it ahead of the reads.
+class ReadsWaitForResidentGrowth final : public testutil::ForwardingStorage {
+ public:
+  ReadsWaitForResidentGrowth(std::shared_ptr<Storage> inner, uint64_t grow)
+      : ForwardingStorage(std::move(inner)), grow_(grow) {}
+  Status read(std::span<const ReadRequest> requests) override {
+    {
+      std::unique_lock lock(mu_);
+      if (!started_) {
+        started_ = true;
+        const uint64_t at = resident_bytes();
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        while (resident_bytes() < at + grow_ && std::chrono::steady_clock::now() < deadline) {
+          lock.unlock();
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          lock.lock();
+        }
+        open_ = true;
+        opened_.notify_all();
+      }
+      opened_.wait(lock, [&] { return open_; });
+    }
+    return ForwardingStorage::read(requests);
+  }
+
+ private:
+  const uint64_t grow_;
+  std::mutex mu_;
+  std::condition_variable opened_;
+  bool started_ = false, open_ = false;
+};
+
+// A restore into a sharding faults the device buffers that copies fill (a
+// cast: every read is staged, then converted into its buffer) in on a
+// thread of its own while the reads land (RestoreOptions::prefault). With
+// the reads held back until memory grows, only that thread can grow it: it
+// must have faulted some in (RestoreStats::bytes_prefaulted > 0), no more
+// than the buffers hold. Buffers that reads land in directly are left to
+// the reads (faulting them ahead measured slower: docs/restart.md). The
+// bytes are the saved ones either way, and with prefault off nothing is
+// faulted ahead.
+TEST_P(ShardedRestore, PrefaultsTheDeviceBuffersCopiesFillAndIsOffOnRequest) {
+  std::vector<std::byte> probe(8192);
+  if (!populate_for_write(probe.data(), probe.size()))
+    GTEST_SKIP() << "SKIPPED: this kernel has no MADV_POPULATE_WRITE (Linux 5.14)";
+  std::vector<SavedArray> arrays = {make_array("params.a", DType::kFloat32, {256, 4096}, 61),   // 4 MiB
+                                    make_array("params.b", DType::kFloat32, {512, 1024}, 62)};  // 2 MiB
+  const NamedSharding saved_as = sharding("dp=8", {{"dp"}});  // a file per process, rows of every leaf
+  ASSERT_NO_FATAL_FAILURE(save(1, arrays, {saved_as, saved_as}));
+  for (const char* mesh : {"x=1", "x=3"}) {
+    const NamedSharding s = sharding(mesh, {{"x"}});
+    for (bool cast : {true, false})
+      for (bool prefault : {true, false}) {
+        SCOPED_TRACE(std::string(mesh) + (cast ? ", cast to bfloat16" : ", as saved") +
+                     (prefault ? ", prefault" : ", prefault off"));
+        RestoreOptions o;
+        o.sharding = into(s, arrays);
+        o.prefault = prefault;
+        if (cast) o.float_dtype = DType::kBFloat16;
+        std::optional<CheckpointManager> gated;
+        if (cast && prefault && std::string(mesh) == "x=1")
+          gated.emplace(std::make_shared<ReadsWaitForResidentGrowth>(base_, 192u << 10), ManagerOptions{});
+        auto r = (gated ? *gated : *manager_).restore(1, o);
+        ASSERT_TRUE(r.ok()) << r.status().to_string();
+        uint64_t allocated = 0;
+        for (size_t i = 0; i < arrays.size(); ++i) {
+          if (!cast) {
+            ASSERT_NO_FATAL_FAILURE(expect_device_shards(r->leaves[i], arrays[i], s, {}));
+          } else {
+            for (const DeviceShard& ds : r->leaves[i].device_shards) {
+              std::vector<std::byte> f32 = box_bytes(arrays[i].global, arrays[i].shape, 4, ds.box);
+              std::vector<std::byte> bf16(f32.size() / 2);
+              ASSERT_TRUE(cast_elements(DType::kFloat32, DType::kBFloat16, f32.data(), bf16.data(),
+                                        f32.size() / 4).ok());
+              ASSERT_EQ(ds.data.size(), bf16.size());
+              EXPECT_EQ(std::memcmp(ds.data.data(), bf16.data(), bf16.size()), 0) << "device " << ds.device_id;
+            }
+          }
+          for (const DeviceShard& ds : r->leaves[i].device_shards) allocated += ds.data.size();  // no replicas
+        }
+        EXPECT_LE(r->stats.bytes_prefaulted, allocated);
+        if (gated) EXPECT_GT(r->stats.bytes_prefaulted, 0u) << "the reads waited for a thread faulting ahead";
+        if (!prefault || !cast) EXPECT_EQ(r->stats.bytes_prefaulted, 0u);
+      }
+  }
 }
 
 // ---- Errors ---------------------------------------------------------------------------

@@ -273,11 +273,13 @@ struct RestoreStats {
   uint64_t pieces_unverified = 0;
   uint64_t bytes_unverified = 0;
   // Memory restore allocated (whole leaves of at least 1 MiB saved in one
-  // shard, not `into`) that a thread of its own faulted in while the reads
-  // landed, so that the kernel did not fault it page by page inside each
-  // read's submission (a restore into fresh memory, as after a restart). 0
-  // where the kernel cannot (before Linux 5.14: MADV_POPULATE_WRITE) or no
-  // thread was had.
+  // shard, not `into`; with a sharding, the device buffers filled by copies
+  // rather than by reads landing in them) that a thread of its own faulted
+  // in while the reads landed, so that the kernel did not fault it page by
+  // page inside each read's submission (a restore into fresh memory, as
+  // after a restart). Counted in slices of up to 8 MiB as they are faulted;
+  // the thread stops once the reads have landed. 0 where the kernel cannot
+  // (before Linux 5.14: MADV_POPULATE_WRITE) or no thread was had.
   uint64_t bytes_prefaulted = 0;
 };
 
@@ -307,9 +309,10 @@ struct RestoreOptions {
   // reading whole shards (bytes_read grows up to the saved shards' size).
   bool verify = true;
   uint64_t verify_widen_max_bytes = 64 << 10;
-  // Fault the memory restore allocates for whole leaves in on a thread of its
-  // own while the reads land (RestoreStats::bytes_prefaulted). Off only to
-  // measure what it is worth (`ckptio synth check --no-prefault`).
+  // Fault the memory restore allocates (whole leaves; with a sharding, the
+  // device buffers filled by copies) in on a thread of its own while the
+  // reads land (RestoreStats::bytes_prefaulted). Off only to measure what it
+  // is worth (`ckptio synth check --no-prefault`).
   bool prefault = true;
   ProgressHook on_progress;  // optional
   // Restore into existing arrays: a leaf named here lands in the caller's

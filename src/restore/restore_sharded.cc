@@ -406,11 +406,16 @@ class ShardedConsumer : public ReadConsumer {
 
 // Target buffers filled only by copies out of the staging arenas would take
 // their first touch (a page fault per 4 KiB) on the delivering thread,
-// between checksums: they are faulted in on a thread of their own while the
-// reads go on. Not the targets reads land in directly: the kernel faults
-// those in as each read is submitted, and a second faulting thread measured
-// slower there on 2 cores (docs/benchmarks/history.md, "Full runs").
-std::future<void> prefault_copied_targets(const std::vector<LeafJob>& jobs, const std::atomic<bool>* stop) {
+// between checksums: with RestoreOptions::prefault they are faulted in on a
+// thread of its own while the reads go on. Not the targets reads land in
+// directly: the kernel faults those in as each read is submitted, and a
+// thread faulting them ahead measured slower on 2 cores, both whole targets
+// from the back (docs/benchmarks/history.md, "Full runs") and the reads'
+// destinations from the last read back, so that it met the reads on the way
+// (0.80x, 8 pairs, none faster: docs/restart.md, "Sharded restarts: faulting
+// ahead in read order, not kept").
+std::future<void> prefault_copied_targets(const std::vector<LeafJob>& jobs, std::atomic<uint64_t>* populated,
+                                          const std::atomic<bool>* stop) {
   std::vector<std::pair<std::byte*, uint64_t>> ranges;
   for (const LeafJob& job : jobs) {
     std::vector<bool> direct(job.target_ptrs.size(), false);
@@ -420,7 +425,7 @@ std::future<void> prefault_copied_targets(const std::vector<LeafJob>& jobs, cons
     for (size_t i = 0; i < job.target_ptrs.size(); ++i)
       if (!direct[i]) ranges.emplace_back(job.target_ptrs[i], job.buffers[i].size());
   }
-  return populate_in_background(std::move(ranges), nullptr, stop);
+  return populate_in_background(std::move(ranges), populated, stop);
 }
 
 }  // namespace
@@ -457,7 +462,9 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
 
   // Declared after `jobs`, which owns the buffers: joined before they are freed.
   std::atomic<bool> reads_done{false};
-  std::future<void> prefault = prefault_copied_targets(jobs, &reads_done);
+  std::atomic<uint64_t> prefaulted{0};
+  std::future<void> prefault;
+  if (options.prefault) prefault = prefault_copied_targets(jobs, &prefaulted, &reads_done);
   uint64_t to_read = 0;
   for (const ExecRead& r : reads)
     if (!r.filler) to_read += r.length;
@@ -470,6 +477,7 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
   Status st = execute_reads(storage, keys, &reads, consumer, el, "restore step " + std::to_string(step));
   reads_done.store(true, std::memory_order_relaxed);
   if (prefault.valid()) prefault.wait();
+  out->stats.bytes_prefaulted = prefaulted.load();
   CKPTIO_RETURN_IF_ERROR(st);
   progress.finish();
 

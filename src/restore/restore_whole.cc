@@ -540,14 +540,17 @@ void WholeRestore::allocate(size_t leaf_begin, size_t group_begin) {
 // the thread that submits every read. On this VM, against a device faster
 // than one core faults pages in (7 GB/s), the thread made restores 1.08-1.70x
 // faster and took away most of their worst runs; where the disk is the limit
-// it is neutral (0.91-1.03x). MADV_HUGEPAGE was tried too and not kept: fast
-// only while the VM's host already backs the memory (docs/restart.md,
-// "Allocating and first-touching fresh memory"). Leaves under kPrefaultMin
-// are left to the reads: too small to pay for the call. So are leaves saved
-// in several shards (by several processes): their reads go file by file,
-// each touching every leaf, so there is no front for the thread to meet, and
-// with it a step saved by 8 processes restored 9% slower (8 pairs, 0 of them
-// faster; 13-19% in an earlier trial, docs/benchmarks/history.md).
+// it is neutral (0.91-1.03x). MADV_HUGEPAGE was tried too and not kept:
+// fast only while the VM's host already backs the memory, and 0.45x with
+// every restore started alike (docs/restart.md, "Allocating and
+// first-touching fresh memory", "Where the 2 GiB restart's time goes").
+// Leaves under kPrefaultMin are left to the reads: too small to pay for the
+// call. So are leaves saved in several shards (by several processes): with
+// the thread a step saved by 8 processes restored 9% slower (8 pairs, 0 of
+// them faster; 13-19% in an earlier trial, docs/benchmarks/history.md), and
+// faulting ahead in the reads' own order was slower too in a restore into a
+// sharding (0.80x). Why is not known: on local disk the reads go leaf by
+// leaf there as well, each leaf's shards from several files.
 void WholeRestore::prefault(size_t leaf_begin, size_t group_begin) {
   if (!options_.prefault) return;
   std::vector<std::pair<std::byte*, uint64_t>> ranges;

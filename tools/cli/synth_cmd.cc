@@ -354,8 +354,9 @@ struct CheckCmd {
 
 int run_check(const GlobalOptions& g, const CheckCmd& o) {
   if (o.sharding.any() || !o.coalesce_gap.empty() || o.verify_whole_shards)
-    return run_sharded_check(g, o.sharding,
-                             ShardedCheckArgs{o.uri, o.step, o.coalesce_gap, o.json, o.verify_whole_shards});
+    return run_sharded_check(
+        g, o.sharding,
+        ShardedCheckArgs{o.uri, o.step, o.coalesce_gap, o.json, o.verify_whole_shards, !o.no_prefault});
   auto m = open_manager(g, o.uri, Access::kRead);
   const uint64_t batch = o.batch.empty() ? 0 : size_arg(o.batch, "--batch");
   // --step N checks that step. Without it, as a restarting trainer's
@@ -464,8 +465,9 @@ void add_synth(CLI::App& app, const GlobalOptions& g, Command* run) {
                     "Restore at most SIZE at a time (default: all at once if it fits in half "
                     "of the available memory)");
   check->add_flag("--no-prefault", c->no_prefault,
-                  "Leave the restored leaves' fresh memory to be faulted in by the reads themselves "
-                  "(RestoreOptions::prefault = false; to measure what prefaulting is worth)");
+                  "Leave the restored leaves' fresh memory to be faulted in by the reads themselves, "
+                  "with a sharding too (RestoreOptions::prefault = false; to measure what prefaulting "
+                  "is worth)");
   check->add_flag("--json", c->json,
                   "Print {step, bytes, leaves, restore_gbps, verified, skipped: [{step, error}]}; with a sharding {step, mesh, processes, "
                   "bytes_needed, bytes_read, read_ratio, requests, pieces_unverified, bytes_unverified, "

@@ -288,6 +288,7 @@ Json check_process(const GlobalOptions& g, const Sharding& s, const ShardedCheck
   ro.sharding = target;
   if (!a.coalesce_gap.empty()) ro.coalesce_gap = size_arg(a.coalesce_gap, "--coalesce-gap");
   if (a.verify_whole_shards) ro.verify_widen_max_bytes = UINT64_MAX;
+  ro.prefault = a.prefault;
   const auto t0 = Clock::now();
   auto r = m->restore(step, ro);
   const double seconds = since(t0);

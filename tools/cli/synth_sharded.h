@@ -39,6 +39,7 @@ struct ShardedCheckArgs {
   std::string coalesce_gap;  // SIZE; "": the backend's default
   bool json = false;
   bool verify_whole_shards = false;  // RestoreOptions::verify_widen_max_bytes = UINT64_MAX
+  bool prefault = true;              // RestoreOptions::prefault
 };
 
 int run_sharded_save(const GlobalOptions& g, const ShardingArgs& s, const ShardedSaveArgs& a);

@@ -125,8 +125,11 @@ Buffer Buffer::allocate(size_t size, size_t alignment, size_t phase) {
   size_t total = size + phase;
   total = (total + alignment - 1) / alignment * alignment;
   if (total == 0) total = alignment;
-  // No MADV_HUGEPAGE here: measured, it made cold restores into fresh
-  // buffers slower (THP compaction on first touch), see README.
+  // No MADV_HUGEPAGE here: measured, it made restores into fresh memory
+  // slower on a VM whose host backs idle memory lazily (0.45x with every
+  // restore started alike: zeroing a huge page makes the host back 2 MiB at
+  // once), and peak RSS 6% larger (docs/restart.md, "Where the 2 GiB
+  // restart's time goes").
   void* p = std::aligned_alloc(alignment, total);
   if (!p) throw std::bad_alloc();
   Buffer b;

@@ -99,6 +99,13 @@ def largest_data_file(step_dir):
     return max((os.path.join(step_dir, f) for f in os.listdir(step_dir) if f.endswith(".bin")), key=os.path.getsize)
 
 
+def package_env(ckptio):
+    """The environment of a child that imports the Python package built
+    beside the CLI `ckptio` (<build>/python), ahead of any PYTHONPATH."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (
+        os.path.join(os.path.dirname(os.path.dirname(ckptio)), "python"), os.environ.get("PYTHONPATH")) if p))
+
+
 def first_touch_gbps(size, env=None):
     """GB/s of a fresh process's first touch of `size` bytes (the `touch` child)."""
     _, _, j = spawn([sys.executable, os.path.abspath(__file__), "--child", "touch", "--bytes", str(size)], env)
@@ -587,6 +594,7 @@ def prefault_pairs(a):
     restore by N processes into a sharding (`--mesh dp=N --processes N`, as
     the sharded restarts of a full run; a step saved by several processes)."""
     import statistics
+    import contenders as C
     size = data_bytes(a.ckpt)
     mesh = ["--mesh", "dp=%d" % a.pairs_processes, "--processes", str(a.pairs_processes)] \
         if a.pairs_processes else []
@@ -596,7 +604,6 @@ def prefault_pairs(a):
             if a.pairs_fresh:
                 drop_caches()
             else:
-                import contenders as C
                 C.touch_and_free(size)
                 drop_caches(a.settle)
             s, _, _ = spawn([a.ckptio, "synth", "check", a.ckpt, "--json"] + mesh +
@@ -624,8 +631,7 @@ def python_pairs(a):
     transparent huge pages each took (/proc/vmstat deltas)."""
     import statistics
     size = data_bytes(a.ckpt)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (
-        os.path.join(os.path.dirname(os.path.dirname(a.ckptio)), "python"), os.environ.get("PYTHONPATH")) if p))
+    env = package_env(a.ckptio)
     res = {k: [] for k in ("cli", "cli_restore", "python", "python_after_import", "python_restore")}
     faults = {"cli": [], "python": []}
 
@@ -704,8 +710,7 @@ def warm_rounds(a):
     import contenders as C
     size = data_bytes(a.ckpt)
     data = largest_data_file(os.path.join(a.ckpt, max(os.listdir(a.ckpt))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (
-        os.path.join(os.path.dirname(os.path.dirname(a.ckptio)), "python"), os.environ.get("PYTHONPATH")) if p))
+    env = package_env(a.ckptio)
     keys = [k for k, *_ in C.FIO_BEST]
     res = {k: [] for k in keys + ["best", "fresh", "warm"]}
 

@@ -37,6 +37,7 @@
 #include "testutil/backend_fixture.h"
 #include "testutil/owned_leaves.h"
 #include "testutil/random_bytes.h"
+#include "testutil/resident.h"
 
 namespace ckptio {
 namespace {
@@ -630,13 +631,7 @@ TEST_P(ManagerTest, RetentionDoesNotHoldTheNextSaveBack) {
   EXPECT_EQ(*steps, std::vector<int64_t>{3});
 }
 
-// Resident memory of this process, from /proc/self/statm.
-uint64_t resident_bytes() {
-  std::ifstream in("/proc/self/statm");
-  uint64_t size = 0, resident = 0;
-  in >> size >> resident;
-  return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-}
+using testutil::resident_bytes;
 
 // prepare_staging() faults the copy-mode staging buffers in before the first
 // save, so that save copies into memory already resident instead of paying

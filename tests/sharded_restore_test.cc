@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -27,8 +26,6 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include "ckptio/ckptio.h"
 #include "src/util/box_runs.h"
 #include "src/util/populate.h"
@@ -38,6 +35,7 @@
 #include "testutil/backend_fixture.h"
 #include "testutil/forwarding_storage.h"
 #include "testutil/random_bytes.h"
+#include "testutil/resident.h"
 
 namespace ckptio {
 namespace {
@@ -752,16 +750,6 @@ TEST_P(ShardedRestore, FloatDtypeCastsEveryDeviceBuffer) {
   EXPECT_NE(t.device_shards[0].data.data(), t.device_shards[2].data.data());
 }
 
-// Resident bytes of this process (/proc/self/statm).
-uint64_t resident_bytes() {
-  std::FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return 0;
-  unsigned long long size = 0, resident = 0;
-  const int n = std::fscanf(f, "%llu %llu", &size, &resident);
-  std::fclose(f);
-  return n == 2 ? resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
-}
-
 // Holds every read back until this process's resident memory has grown by
 // `grow` bytes since the first read arrived, or for 1 s (memory the heap
 // reuses is resident already): memory that no read has landed in yet is
@@ -775,9 +763,9 @@ class ReadsWaitForResidentGrowth final : public testutil::ForwardingStorage {
       std::unique_lock lock(mu_);
       if (!started_) {
         started_ = true;
-        const uint64_t at = resident_bytes();
+        const uint64_t at = testutil::resident_bytes();
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-        while (resident_bytes() < at + grow_ && std::chrono::steady_clock::now() < deadline) {
+        while (testutil::resident_bytes() < at + grow_ && std::chrono::steady_clock::now() < deadline) {
           lock.unlock();
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
           lock.lock();

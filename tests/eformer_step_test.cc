@@ -25,6 +25,9 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include "backends/fault/fault_storage.h"
 #include "ckptio/ckptio.h"
 #include "src/transform/cast.h"
@@ -332,6 +335,104 @@ for path, name in [("model/layers/0/kernel", "model/layers.0.kernel"), ("model/l
   const std::string cmd = "/usr/bin/python3 '" + (work_ / "check.py").string() + "' '" + (dir_ / "back-200").string() +
                           "' '" + (work_ / "expected").string() + "' >'" + (work_ / "check.log").string() + "' 2>&1";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << "zarr-python on what ckptio wrote: " << read_file(work_ / "check.log");
+}
+
+// A conversion of a ckptio step the page cache holds compresses its shards
+// where they lie (Storage::view_cached, local disk only): bytes_in_place
+// counts them, and the result is as bit-exact as through reads. A step on
+// the device, or read through a wrapper (the fault injector), is read as
+// before. A damaged byte or a short data file is still data loss, and
+// leaves the step committed at the destination as it was.
+TEST_P(EformerStepTest, AConversionOfACachedStepCompressesItInPlace) {
+  CopyOptions to_ckptio;
+  to_ckptio.format = "ckptio";
+  to_ckptio.dst_step_format = "conv-{step}";
+  ASSERT_TRUE(copy_step(*base_, *base_, 200, to_ckptio).ok());
+  const bool local = GetParam() == Backend::kLocal;
+  std::vector<fs::path> files;  // conv-200's data files (local)
+  if (local)
+    for (const auto& e : fs::directory_iterator(dir_ / "conv-200"))
+      if (e.path().extension() == ".bin") files.push_back(e.path());
+  auto cache = [&] {
+    for (const fs::path& f : files) ASSERT_FALSE(read_file(f).empty()) << f;
+  };
+  auto uncache = [&] {
+    for (const fs::path& f : files) {
+      const int fd = ::open(f.c_str(), O_RDONLY);
+      ASSERT_GE(fd, 0) << f;
+      ::fdatasync(fd);
+      ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+      ::close(fd);
+    }
+  };
+  uint64_t total = 0;
+  for (const auto& [name, info] : leaves()) {
+    uint64_t n = dtype_size(info.dtype);
+    for (int64_t d : info.shape) n *= static_cast<uint64_t>(d);
+    total += n;
+  }
+  CopyOptions back;
+  back.format = "eformer";
+  back.src_step_format = "conv-{step}";
+  back.dst_step_format = "back-{step}";
+  ManagerOptions mo;
+  mo.step_format = "back-{step}";
+  auto restores_as_written = [&] {
+    auto r = manager(mo)->restore(200);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    ASSERT_EQ(r->leaves.size(), leaves().size());
+    for (const Tensor& t : r->leaves)
+      EXPECT_TRUE(bytes_of(t.data) == expected(200, t.prefix + "/" + t.path)) << t.prefix << "/" << t.path;
+  };
+  if (local) {
+    ASSERT_FALSE(files.empty());
+    cache();
+  }
+  auto b = copy_step(*base_, *base_, 200, back);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(b->bytes, total);
+  EXPECT_EQ(b->bytes_in_place, local ? total : 0) << "only a local step the page cache holds is read in place";
+  restores_as_written();
+  if (!local) return;
+
+  back.overwrite = true;
+  uncache();
+  b = copy_step(*base_, *base_, 200, back);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(b->bytes_in_place, 0u) << "a step on the device is read";
+  cache();
+  b = copy_step(*faults_, *base_, 200, back);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(b->bytes_in_place, 0u) << "wrappers lend no views: their reads are what they inject faults into";
+  restores_as_written();
+
+  // One byte of the first shard flipped in the cached file.
+  ManagerOptions co;
+  co.step_format = "conv-{step}";
+  auto index = manager(co)->read_index(200);
+  ASSERT_TRUE(index.ok()) << index.status().to_string();
+  const ShardRecord& first = index->prefixes.front().leaves.front().shards.front();
+  const fs::path damaged = dir_ / "conv-200" / first.file;
+  const std::string good = read_file(damaged);
+  {
+    std::string bad = good;
+    bad[first.offset] = static_cast<char>(bad[first.offset] ^ 0x40);
+    std::ofstream(damaged, std::ios::binary | std::ios::trunc) << bad;
+  }
+  cache();
+  auto c = copy_step(*base_, *base_, 200, back);
+  EXPECT_EQ(c.status().code(), Code::kDataLoss) << c.status().to_string();
+  EXPECT_NE(c.status().message().find("checksum mismatch in " + index->prefixes.front().name + "/" +
+                                      index->prefixes.front().leaves.front().path),
+            std::string::npos)
+      << c.status().to_string();
+  restores_as_written();
+  // Shorter than its shards.
+  std::ofstream(damaged, std::ios::binary | std::ios::trunc) << good.substr(0, good.size() - 1);
+  cache();
+  c = copy_step(*base_, *base_, 200, back);
+  EXPECT_EQ(c.status().code(), Code::kDataLoss) << c.status().to_string();
+  restores_as_written();
 }
 
 // A conversion restores the source in groups of half its memory bound, the

@@ -506,6 +506,47 @@ TEST_F(LocalStorageTest, DirectReadsOfBytesThePageCacheHoldsGoThroughIt) {
   EXPECT_GE(fetched(*on), size) << "direct_io=on reads with O_DIRECT whatever the cache holds";
 }
 
+// view_cached lends a file the page cache holds as a read-only mapping (the
+// bytes as written, nothing read from the device), and nothing for a file
+// mostly on the device, with direct_io=on, for an empty file; a missing
+// key is kNotFound.
+TEST_F(LocalStorageTest, ViewCachedMapsOnlyAFileThePageCacheHolds) {
+  auto s = open(opts("auto", "direct", 0, 0));
+  auto on = open(opts("on", "direct", 0, 0));
+  ASSERT_TRUE(s && on);
+  const uint64_t size = 8 * kMiB + 100;
+  ASSERT_TRUE(write_object(*s, "run-1/data.bin", size, kMiB).ok());
+  const std::string path = dir_ + "/root/run-1/data.bin";
+  {
+    int fd = ::open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ::fdatasync(fd);
+    ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    ::close(fd);
+  }
+  auto cold = s->view_cached("run-1/data.bin");
+  ASSERT_TRUE(cold.ok()) << cold.status().to_string();
+  EXPECT_EQ(*cold, nullptr) << "a file on the device is read, not mapped";
+  ASSERT_EQ(file_contents(path).size(), size);  // now the cache holds it
+  const uint64_t before = device_read_bytes();
+  auto warm = s->view_cached("run-1/data.bin");
+  ASSERT_TRUE(warm.ok()) << warm.status().to_string();
+  ASSERT_NE(*warm, nullptr) << "a file the page cache holds is lent in place";
+  const std::span<const std::byte> b = (*warm)->bytes();
+  ASSERT_EQ(b.size(), size);
+  expect_pattern(b.data(), size, 0);
+  EXPECT_LT(device_read_bytes() - before, size / 8) << "the view reads nothing from the device";
+  auto forced = on->view_cached("run-1/data.bin");
+  ASSERT_TRUE(forced.ok());
+  EXPECT_EQ(*forced, nullptr) << "direct_io=on reads with O_DIRECT, never through the cache";
+  ASSERT_TRUE(s->put("run-1/empty", {}).ok());
+  auto empty = s->view_cached("run-1/empty");
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(*empty, nullptr);
+  EXPECT_EQ(s->view_cached("run-1/missing").status().code(), Code::kNotFound);
+  EXPECT_EQ(s->view_cached("../escape").status().code(), Code::kInvalidArgument);
+}
+
 TEST(LocalReadPlan, PiecesTileTheRequestAligned) {
   std::mt19937_64 rng(1);
   for (int i = 0; i < 3000; ++i) {

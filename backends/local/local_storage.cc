@@ -76,6 +76,10 @@ class LocalStorage final : public Storage {
   Status read(std::span<const ReadRequest> requests) override {
     return read_files(root_, requests, read_settings_, *ring_, pool_);
   }
+  Result<std::unique_ptr<ObjectView>> view_cached(const std::string& key) override {
+    CKPTIO_RETURN_IF_ERROR(check_key(key));
+    return view_cached_file(root_, key, read_settings_.direct_io);
+  }
   // What writers report: 4096 for O_DIRECT files. A file system that
   // refuses O_DIRECT gets buffered writers of granularity 1, which 4096 is a
   // multiple of, so ranges cut to 4096 suit both.

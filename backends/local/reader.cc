@@ -36,6 +36,16 @@ struct OpenFile {
 // cache holds them (an eformer step's chunk files are read one at a time).
 constexpr uint64_t kCachedCheckMin = 1ull << 20;
 
+// True when the page cache holds at least 90% of the pages of the mapping
+// [p, p + len) (p page-aligned).
+bool mapping_cached(void* p, size_t len, uint64_t page) {
+  std::vector<unsigned char> in((len + page - 1) / page);
+  if (::mincore(p, len, in.data()) != 0) return false;
+  size_t n = 0;
+  for (unsigned char c : in) n += c & 1;
+  return n * 10 >= in.size() * 9;
+}
+
 // True when the page cache holds at least 90% of bytes [lo, hi) of the file
 // (mincore over a read-only mapping of them; false if it cannot be mapped).
 bool mostly_cached(int fd, uint64_t lo, uint64_t hi) {
@@ -48,14 +58,22 @@ bool mostly_cached(int fd, uint64_t lo, uint64_t hi) {
   const size_t len = hi - start;
   void* p = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(start));
   if (p == MAP_FAILED) return false;
-  std::vector<unsigned char> in((len + page - 1) / page);
-  const bool ok = ::mincore(p, len, in.data()) == 0;
+  const bool cached = mapping_cached(p, len, page);
   ::munmap(p, len);
-  if (!ok) return false;
-  size_t n = 0;
-  for (unsigned char c : in) n += c & 1;
-  return n * 10 >= in.size() * 9;
+  return cached;
 }
+
+// A whole file mapped read-only (view_cached_file).
+class MappedFile final : public ObjectView {
+ public:
+  MappedFile(void* p, size_t n) : p_(p), n_(n) {}
+  ~MappedFile() override { ::munmap(p_, n_); }
+  std::span<const std::byte> bytes() const override { return {static_cast<const std::byte*>(p_), n_}; }
+
+ private:
+  void* const p_;
+  const size_t n_;
+};
 
 // Opens `key` beneath `root`, never through a symbolic link (open_beneath).
 // With want_direct, O_DIRECT unless direct_io is auto and the page cache
@@ -230,6 +248,25 @@ Status read_with_pool(std::span<const ReadRequest> requests, const std::vector<O
 }
 
 }  // namespace
+
+Result<std::unique_ptr<ObjectView>> view_cached_file(const std::string& root, const std::string& key,
+                                                     DirectIo direct_io) {
+  std::unique_ptr<ObjectView> none;
+  if (direct_io == DirectIo::kOn) return none;
+  CKPTIO_ASSIGN_OR_RETURN(UniqueFd fd, open_beneath(root, key, O_RDONLY));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Status::from_errno(errno, "stat " + join_path(root, key));
+  if (!S_ISREG(st.st_mode) || st.st_size <= 0) return none;
+  const auto len = static_cast<size_t>(st.st_size);
+  void* p = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) return none;
+  if (!mapping_cached(p, len, static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)))) {
+    ::munmap(p, len);
+    return none;
+  }
+  ::madvise(p, len, MADV_WILLNEED);  // the few pages not cached: read ahead now
+  return std::unique_ptr<ObjectView>(std::make_unique<MappedFile>(p, len));
+}
 
 Status read_files(const std::string& root, std::span<const ReadRequest> requests,
                   const ReadSettings& settings, Ring& ring, PreadPool& pool) {

@@ -34,4 +34,10 @@ struct ReadSettings {
 Status read_files(const std::string& root, std::span<const ReadRequest> requests,
                   const ReadSettings& settings, Ring& ring, PreadPool& pool);
 
+// Storage::view_cached for the file `key` under `root` (nullptr with
+// direct_io kOn, for an empty or irregular file, or when the page cache
+// holds less than 90% of it).
+Result<std::unique_ptr<ObjectView>> view_cached_file(const std::string& root, const std::string& key,
+                                                     DirectIo direct_io);
+
 }  // namespace ckptio::local

@@ -53,6 +53,9 @@ struct CopyStats {
   uint64_t bytes = 0;       // data bytes copied (sum of the data files' sizes)
   uint64_t files = 0;       // data files copied
   uint64_t shards = 0;      // shards whose checksum was verified
+  // Of those bytes, read in place out of the page cache (Storage::view_cached:
+  // a cached local step converted into another layout), not copied.
+  uint64_t bytes_in_place = 0;
   double data_seconds = 0;    // first read to every data file durable
   double commit_seconds = 0;  // index written to step visible
   double seconds = 0;         // the whole copy, including reading the indexes

@@ -110,6 +110,14 @@ class ObjectReader {
   virtual std::optional<std::string_view> in_memory() const { return std::nullopt; }
 };
 
+// A read-only view of a whole object, made without reading it into memory
+// of the caller's (Storage::view_cached). Valid while the view lives.
+class ObjectView {
+ public:
+  virtual ~ObjectView() = default;
+  virtual std::span<const std::byte> bytes() const = 0;
+};
+
 enum class RenameMode {
   kNoReplace,  // fail with kAlreadyExists if `to` exists
   kExchange,   // atomically swap `from` and `to` (both must exist)
@@ -165,6 +173,21 @@ class Storage {
   // Reads every request (in parallel where the backend can). Returns the first
   // error, naming the key; a read past the end of an object is kDataLoss.
   virtual Status read(std::span<const ReadRequest> requests) = 0;
+
+  // The object `key` in place, when the backend holds it in memory already
+  // and can lend it without a copy: on local disk a read-only mapping of a
+  // file whose pages the page cache holds (at least 90% of them; never with
+  // direct_io "on"). nullptr otherwise (object stores, memory, wrappers such
+  // as the fault injector: read() it instead). For a caller that reads each
+  // byte once (a conversion compressing a cached step): no copy out of the
+  // cache and no memory of its own to fault in. The bytes are the object's
+  // as they are now; a file truncated while viewed raises SIGBUS on access
+  // past its new end, so this is for objects nobody rewrites (committed data
+  // files). kNotFound when absent.
+  virtual Result<std::unique_ptr<ObjectView>> view_cached(const std::string& key) {
+    (void)key;
+    return std::unique_ptr<ObjectView>();
+  }
 
   // The granularity() every WritableObject of this backend will report (an
   // object store's part size; 1 or 4096 locally). The core cuts its save

@@ -57,8 +57,9 @@ def cp(src_uri, dst_uri, step=None, *, all=False, overwrite=False, skip_identica
     shard's checksum as it streams and committing each step at the
     destination as atomically as a save (include/ckptio/copy.h).
 
-    Returns [{step, skipped, bytes, files, shards, data_seconds,
-    commit_seconds, seconds}], one per step copied or skipped. On failure
+    Returns [{step, skipped, bytes, files, shards, bytes_in_place,
+    data_seconds, commit_seconds, seconds}], one per step copied or skipped
+    (bytes_in_place: read in place from the page cache, not copied). On failure
     raises the ckptio.Error, whose `.steps` lists the steps done before it.
 
     format: the destination's layout: None (the source's), "ckptio" or

@@ -159,6 +159,7 @@ py::dict copy_stats_dict(const CopyStats& s) {
   d["bytes"] = s.bytes;
   d["files"] = s.files;
   d["shards"] = s.shards;
+  d["bytes_in_place"] = s.bytes_in_place;
   d["data_seconds"] = s.data_seconds;
   d["commit_seconds"] = s.commit_seconds;
   d["seconds"] = s.seconds;

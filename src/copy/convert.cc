@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "src/layout/zarr/eformer_step.h"
 #include "src/save/eformer_writer.h"
 #include "src/restore/restore_whole.h"
+#include "src/restore/damage.h"
 #include "src/restore/restore_zarr.h"
 #include "src/save/commit.h"
 #include "src/util/callback.h"
@@ -307,6 +309,65 @@ Result<CopyStats> to_ckptio(Storage& src, const std::string& src_dir, const Inde
   return stats;
 }
 
+// The data files of ckptio step `index` in place (Storage::view_cached),
+// when every one of them is in the page cache and every leaf's shards are
+// its chunks (one shard, or a regular grid: regular_chunk_shape), so that a
+// conversion can compress each shard straight out of the cache. Empty when
+// not, or when a view fails (the reads then report what is wrong).
+std::map<std::string, std::unique_ptr<ObjectView>> view_step(Storage& src, const std::string& src_dir,
+                                                             const Index& index) {
+  std::map<std::string, std::unique_ptr<ObjectView>> views;
+  if (index.layout == zarr::kEformerLayout) return views;
+  for (const PrefixRecord& p : index.prefixes)
+    for (const LeafRecord& l : p.leaves)
+      if (l.shards.size() > 1 && zarr::regular_chunk_shape(l.shape, l.shards) == l.shape) return views;
+  for (const DataFileRecord& f : index.files) {
+    auto v = src.view_cached(src_dir + "/" + f.name);
+    if (!v.ok() || !*v) return {};
+    views.emplace(f.name, std::move(v).value());
+  }
+  return views;
+}
+
+// Waits, however the scope is left, until the writer reads no borrowed bytes.
+struct WaitBorrowed {
+  zarr::EformerStepWriter& w;
+  ~WaitBorrowed() { w.wait_borrowed(); }
+};
+
+using ArrayIds = std::map<std::pair<std::string, std::string>, size_t>;
+
+// Hands every shard of ckptio step `index` to `writer` out of `views` (its
+// data files in place, view_step), each checked against its checksum first.
+Status write_in_place(Storage& src, const std::string& src_dir, const Index& index,
+                      const std::map<std::string, std::unique_ptr<ObjectView>>& views,
+                      zarr::EformerStepWriter& writer, const ArrayIds& ids, const CopyOptions& o, CopyStats& stats) {
+  WaitBorrowed wait{writer};  // the views outlive every chunk read from them
+  for (const PrefixRecord& p : index.prefixes)
+    for (const LeafRecord& l : p.leaves)
+      for (size_t i = 0; i < l.shards.size(); ++i) {
+        const ShardRecord& s = l.shards[i];
+        auto where = [&] {
+          return p.name + "/" + l.path + " shard " + std::to_string(i) + " (file " + s.file + ", " +
+                 byte_range(s.offset, s.length) + ") of step " + std::to_string(index.step) + " at " +
+                 src.describe() + "/" + src_dir + "/" + s.file;
+        };
+        auto v = views.find(s.file);
+        if (v == views.end()) return data_loss("copy: " + where() + ": the index lists no such data file");
+        const std::span<const std::byte> file = v->second->bytes();
+        if (s.offset > file.size() || s.length > file.size() - s.offset)
+          return data_loss("copy: " + where() + ": the data file holds only " + std::to_string(file.size()) +
+                           " bytes");
+        const std::span<const std::byte> bytes = file.subspan(s.offset, s.length);
+        if (crc32c(bytes.data(), bytes.size()) != s.crc32c) return data_loss("checksum mismatch in " + where());
+        CKPTIO_RETURN_IF_ERROR(writer.write_box_borrowed(ids.at({p.name, l.path}), s.box, bytes));
+        stats.shards += 1;
+        stats.bytes_in_place += s.length;
+        CKPTIO_RETURN_IF_ERROR(progress(o, index, stats.bytes_in_place));
+      }
+  return Status::OK();
+}
+
 // ckptio -> eformer.
 Result<CopyStats> to_eformer(Storage& src, const std::string& src_dir, const Index& index, Storage& dst,
                              const std::string& dst_dir, const CopyOptions& o) {
@@ -319,30 +380,34 @@ Result<CopyStats> to_eformer(Storage& src, const std::string& src_dir, const Ind
   wo.extra_metadata_json = metadata_without(canonical_metadata(index.metadata_json), {"step", "timestamp", "is_temporary"});
   const auto t0 = Clock::now();
   CKPTIO_ASSIGN_OR_RETURN(auto writer, zarr::EformerStepWriter::start(dst, dst_dir, index.step, wo));
-  std::map<std::pair<std::string, std::string>, size_t> ids;
+  ArrayIds ids;
   for (const PrefixRecord& p : index.prefixes)
     for (const LeafRecord& l : p.leaves) {
       CKPTIO_ASSIGN_OR_RETURN(size_t id, writer->add_array(p.name, l.path, l.dtype, l.shape, zarr::regular_chunk_shape(l.shape, l.shards)));
       ids[{p.name, l.path}] = id;
     }
   uint64_t done = 0;
-  Status st = for_each_group(src, src_dir, index, o.max_memory ? o.max_memory : kDefaultMaxMemory,
-                             [&](RestoredState& group) -> Status {
-    // The group's memory is reused once this returns: the writer compresses
-    // from it directly, so every return waits until it has read it all.
-    struct WaitBorrowed {
-      zarr::EformerStepWriter& w;
-      ~WaitBorrowed() { w.wait_borrowed(); }
-    } wait{*writer};
-    for (Tensor& t : group.leaves) {
-      CKPTIO_RETURN_IF_ERROR(writer->write_box_borrowed(ids.at({t.prefix, t.path}), Box::whole(t.shape),
-                                                        {t.data.data(), t.data.size()}));
-      done += t.data.size();
-      stats.shards += 1;
-      CKPTIO_RETURN_IF_ERROR(progress(o, index, done));
-    }
-    return Status::OK();
-  });
+  // A step the page cache holds is compressed where it lies: no copy into
+  // memory of our own, which a conversion would fault in and fill first.
+  const auto views = view_step(src, src_dir, index);
+  Status st;
+  if (!views.empty()) {
+    st = write_in_place(src, src_dir, index, views, *writer, ids, o, stats);
+    done = stats.bytes_in_place;
+  } else {
+    st = for_each_group(src, src_dir, index, o.max_memory ? o.max_memory : kDefaultMaxMemory,
+                        [&](RestoredState& group) -> Status {
+      WaitBorrowed wait{*writer};  // the group's memory is reused once this returns
+      for (Tensor& t : group.leaves) {
+        CKPTIO_RETURN_IF_ERROR(writer->write_box_borrowed(ids.at({t.prefix, t.path}), Box::whole(t.shape),
+                                                          {t.data.data(), t.data.size()}));
+        done += t.data.size();
+        stats.shards += 1;
+        CKPTIO_RETURN_IF_ERROR(progress(o, index, done));
+      }
+      return Status::OK();
+    });
+  }
   stats.data_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!st.ok()) {
     writer->abort();

@@ -30,6 +30,7 @@ nlohmann::json step_json(const CopyStats& s) {
           {"bytes", s.bytes},
           {"files", s.files},
           {"shards", s.shards},
+          {"bytes_in_place", s.bytes_in_place},
           {"seconds", round_to(s.seconds, 4)},
           {"gbps", round_to(gbps(s.bytes, s.seconds), 4)}};
 }

@@ -623,14 +623,20 @@ def plots(res, outdir):
 def write(res, outdir, with_plots=True):
     pdir = os.path.join(outdir, "benchmarks")
     os.makedirs(pdir, exist_ok=True)
-    for f in os.listdir(pdir):  # plots of an earlier run must not outlive it
-        if f.endswith(".png"):
-            os.unlink(os.path.join(pdir, f))
+    earlier = sorted(f for f in os.listdir(pdir) if f.endswith(".png"))
     try:
-        made = plots(res, pdir) if with_plots else []
+        if not with_plots:
+            raise ImportError("matplotlib is missing: tools/setup-deps --bench installs it")
+        import matplotlib  # noqa: F401  (before any plot is removed)
+        for f in earlier:  # plots of an earlier run must not outlive it
+            os.unlink(os.path.join(pdir, f))
+        earlier = []
+        made = plots(res, pdir)
     except ImportError as e:
-        print("report: no plots (%s)" % e, file=sys.stderr)
-        made = []
+        # Nothing can be drawn: the earlier run's plots stay, linked as they were (a partial
+        # run, --only, leaves most sections as they were anyway).
+        print("report: no new plots (%s); the %d earlier ones kept" % (e, len(earlier)), file=sys.stderr)
+        made = earlier
     with open(os.path.join(pdir, "results.json"), "w") as f:
         json.dump(res, f, indent=1, sort_keys=True)
     with open(os.path.join(outdir, "benchmarks.md"), "w") as f:

@@ -313,7 +313,9 @@ Result<CopyStats> to_ckptio(Storage& src, const std::string& src_dir, const Inde
 // when every one of them is in the page cache and every leaf's shards are
 // its chunks (one shard, or a regular grid: regular_chunk_shape), so that a
 // conversion can compress each shard straight out of the cache. Empty when
-// not, or when a view fails (the reads then report what is wrong).
+// not, or when a view fails or is shorter than the index records (the reads
+// then report what is wrong). A checked index puts every shard inside its
+// listed file's recorded size, so each lies inside its view.
 std::map<std::string, std::unique_ptr<ObjectView>> view_step(Storage& src, const std::string& src_dir,
                                                              const Index& index) {
   std::map<std::string, std::unique_ptr<ObjectView>> views;
@@ -323,7 +325,7 @@ std::map<std::string, std::unique_ptr<ObjectView>> view_step(Storage& src, const
       if (l.shards.size() > 1 && zarr::regular_chunk_shape(l.shape, l.shards) == l.shape) return views;
   for (const DataFileRecord& f : index.files) {
     auto v = src.view_cached(src_dir + "/" + f.name);
-    if (!v.ok() || !*v) return {};
+    if (!v.ok() || !*v || (*v)->bytes().size() < f.size) return {};
     views.emplace(f.name, std::move(v).value());
   }
   return views;
@@ -347,19 +349,11 @@ Status write_in_place(Storage& src, const std::string& src_dir, const Index& ind
     for (const LeafRecord& l : p.leaves)
       for (size_t i = 0; i < l.shards.size(); ++i) {
         const ShardRecord& s = l.shards[i];
-        auto where = [&] {
-          return p.name + "/" + l.path + " shard " + std::to_string(i) + " (file " + s.file + ", " +
-                 byte_range(s.offset, s.length) + ") of step " + std::to_string(index.step) + " at " +
-                 src.describe() + "/" + src_dir + "/" + s.file;
-        };
-        auto v = views.find(s.file);
-        if (v == views.end()) return data_loss("copy: " + where() + ": the index lists no such data file");
-        const std::span<const std::byte> file = v->second->bytes();
-        if (s.offset > file.size() || s.length > file.size() - s.offset)
-          return data_loss("copy: " + where() + ": the data file holds only " + std::to_string(file.size()) +
-                           " bytes");
-        const std::span<const std::byte> bytes = file.subspan(s.offset, s.length);
-        if (crc32c(bytes.data(), bytes.size()) != s.crc32c) return data_loss("checksum mismatch in " + where());
+        const std::span<const std::byte> bytes = views.at(s.file)->bytes().subspan(s.offset, s.length);
+        if (crc32c(bytes.data(), bytes.size()) != s.crc32c)
+          return data_loss("checksum mismatch in " + p.name + "/" + l.path + " shard " + std::to_string(i) +
+                           " (file " + s.file + ", " + byte_range(s.offset, s.length) + ") of step " +
+                           std::to_string(index.step) + " at " + src.describe() + "/" + src_dir + "/" + s.file);
         CKPTIO_RETURN_IF_ERROR(writer.write_box_borrowed(ids.at({p.name, l.path}), s.box, bytes));
         stats.shards += 1;
         stats.bytes_in_place += s.length;

@@ -7,9 +7,12 @@ tests/s3/s3-server for the session; without moto installed they skip with the
 reason, except under CI=true, where s3-server fails instead.
 """
 
+import faulthandler
 import os
 import subprocess
 import sys
+import threading
+import traceback
 import uuid
 from pathlib import Path
 
@@ -17,6 +20,53 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 S3_SERVER = REPO / "tests" / "s3" / "s3-server"
+
+
+# A test that hangs must fail with its threads' stacks, in minutes rather
+# than at ctest's timeout with nothing printed (the killed process's buffered
+# output dies with it). Armed around each test's whole protocol, so that the
+# module and session fixtures it sets up (a process group, the S3 server) are
+# covered too. A timer thread prints the stacks short (test and ckptio frames,
+# for a log's tail) and exits; faulthandler, which needs no GIL, dumps every
+# frame and exits a minute later if that thread could not run. pytest's own
+# faulthandler_timeout option must stay unset: faulthandler has one timer.
+TEST_WATCHDOG_SECONDS = float(os.environ.get("CKPTIO_PY_TEST_WATCHDOG", "300"))
+_watchdog_out = None  # the stderr pytest found, not the file it captures a test's output in
+
+
+def pytest_configure(config):
+    global _watchdog_out
+    capture = getattr(config.pluginmanager.getplugin("capturemanager"), "_global_capturing", None)
+    fd = getattr(getattr(capture, "err", None), "targetfd_save", None)  # set under --capture=fd only
+    _watchdog_out = os.fdopen(os.dup(fd), "w") if isinstance(fd, int) else sys.__stderr__
+
+
+def _report_hang_and_exit(nodeid):
+    names = {t.ident: t.name for t in threading.enumerate()}
+    lines = [f"[watchdog] {nodeid} still running after {TEST_WATCHDOG_SECONDS:.0f} s (CKPTIO_PY_TEST_WATCHDOG);"
+             " its threads' stacks, innermost last:"]
+    for ident, frame in sys._current_frames().items():
+        if ident == threading.get_ident():
+            continue
+        frames = [f for f in traceback.extract_stack(frame) if not any(
+            part in f.filename for part in ("/_pytest/", "/pluggy/", "<frozen", "/threading.py"))]
+        lines.append(f"-- thread {names.get(ident, ident)}")
+        lines += [f"   {f.filename}:{f.lineno} in {f.name}: {f.line}" for f in frames[-10:]]
+    print("\n".join(lines), file=_watchdog_out, flush=True)
+    os._exit(1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    timer = threading.Timer(TEST_WATCHDOG_SECONDS, _report_hang_and_exit, args=(item.nodeid,))
+    timer.daemon = True
+    timer.start()
+    faulthandler.dump_traceback_later(TEST_WATCHDOG_SECONDS + 60, exit=True, file=_watchdog_out)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        timer.cancel()
 
 
 @pytest.fixture

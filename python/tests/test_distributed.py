@@ -11,10 +11,11 @@ resharded (a 2-device mesh, one device each), bit-exact.
 
 import json
 import os
+import queue
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -57,11 +58,26 @@ SAVER = COMMON + r'''
 import datetime, json, os, sys, time
 import torch.distributed as dist
 
-rank, world, port, local_uri, s3_uri, s3_opts, timeout = (
+rank, world, port_file, local_uri, s3_uri, s3_opts, timeout = (
     int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], json.loads(sys.argv[6]),
     float(sys.argv[7]))
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                        timeout=datetime.timedelta(seconds=60))
+# Process 0 serves the TCPStore on a port the kernel picks and tells the
+# others through a file: a port picked free beforehand may be taken by then
+# (other tests start servers), and a client that reached another server
+# could wait on it for good.
+limit = datetime.timedelta(seconds=60)
+if rank == 0:
+    store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=limit, wait_for_workers=False)
+    with open(port_file + ".tmp", "w") as f:
+        f.write(str(store.port))
+    os.rename(port_file + ".tmp", port_file)
+else:
+    deadline = time.monotonic() + 60
+    while not os.path.exists(port_file):
+        assert time.monotonic() < deadline, "no TCPStore port from process 0 within 60 s"
+        time.sleep(0.01)
+    store = dist.TCPStore("127.0.0.1", int(open(port_file).read()), world, False, timeout=limit)
+dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=limit)
 
 class HoldingBarrier(ckptio.TorchBarrier):
     """Process 3's barrier: holds the save of step 2 before it arrives, until SIGKILLed."""
@@ -132,23 +148,31 @@ def _env():
     return env
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class _Lines:
+    """Process 3's stdout, read by a thread: a wait for a line has a deadline
+    even when the process hangs without printing (readline alone would not)."""
 
+    def __init__(self, proc):
+        self.proc, self.queue = proc, queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
 
-def _wait_for_lines(proc, prefix, count, timeout):
-    lines, deadline = [], time.monotonic() + timeout
-    while len(lines) < count:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {count} lines {prefix!r} from process 3 after {timeout} s: {lines}")
-        line = proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"process 3 ended before {prefix!r}: exit {proc.wait()}")
-        if line.startswith(prefix):
-            lines.append(line.strip())
-    return lines
+    def _read(self):
+        for line in self.proc.stdout:
+            self.queue.put(line)
+        self.queue.put(None)
+
+    def wait_for(self, prefix, count, timeout):
+        lines, deadline = [], time.monotonic() + timeout
+        while len(lines) < count:
+            try:
+                line = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {count} lines {prefix!r} from process 3 after {timeout} s: {lines}")
+            if line is None:
+                raise AssertionError(f"process 3 ended before {prefix!r}: exit {self.proc.wait()}")
+            if line.startswith(prefix):
+                lines.append(line.strip())
+        return lines
 
 
 @pytest.fixture(scope="module")
@@ -168,20 +192,24 @@ def job(tmp_path_factory, request):
         s3_opts = dict(s3_endpoint=s3_server["endpoint"], s3_region=s3_server.get("region", "us-east-1"),
                        s3_access_key_id=s3_server["access_key"], s3_secret_access_key=s3_server["secret_key"],
                        s3_max_attempts=3)
-    port, world, env = _free_port(), 4, _env()
+    port_file, world, env = str(work / "store-port"), 4, _env()
     procs, logs = [], []
     try:
         for rank in range(world):
             log = open(work / f"rank{rank}.log", "w+")
             logs.append(log)
             procs.append(subprocess.Popen(
-                [sys.executable, "-c", SAVER, str(rank), str(world), str(port), local_uri, s3_uri,
+                [sys.executable, "-c", SAVER, str(rank), str(world), port_file, local_uri, s3_uri,
                  json.dumps(s3_opts), str(TIMEOUT)],
                 stdout=subprocess.PIPE if rank == 3 else log, stderr=log, text=True, env=env))
-        _wait_for_lines(procs[3], "COMMITTED 1", 1, 60)
-        held = _wait_for_lines(procs[3], "HOLDING", 2 if s3_uri else 1, 30)  # each manager's save of step 2
+        lines = _Lines(procs[3])
+        lines.wait_for("COMMITTED 1", 1, 90)
+        held = lines.wait_for("HOLDING", 2 if s3_uri else 1, 60)  # each manager's save of step 2
         procs[3].send_signal(signal.SIGKILL)
         codes = [p.wait(timeout=60) for p in procs]
+        failure = None
+    except (AssertionError, subprocess.TimeoutExpired) as e:
+        failure = e
     finally:
         for p in procs:
             if p.poll() is None:
@@ -192,6 +220,8 @@ def job(tmp_path_factory, request):
         log.seek(0)
         outputs.append(log.read())
         log.close()
+    if failure is not None:  # with what each process printed (process 3's stdout went to the test)
+        raise AssertionError(f"{failure}\n" + "".join(f"-- process {r}:\n{o[-3000:]}" for r, o in enumerate(outputs)))
     for rank in range(3):
         assert codes[rank] == 0, f"process {rank} exited {codes[rank]}:\n{outputs[rank]}"
     assert codes[3] == -signal.SIGKILL

@@ -159,6 +159,15 @@ def run_child(args, kill_at, say):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        return _follow_child(proc, args.uri, say)
+    finally:  # the parent failed or was interrupted: no training process left behind, stopped or not
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _follow_child(proc, uri, say):
     killed = None
     for line in proc.stdout:
         if not line.startswith("SAVING "):
@@ -169,7 +178,7 @@ def run_child(args, kill_at, say):
         _, status = os.waitpid(proc.pid, os.WUNTRACED)  # stopped right after save() returned
         if not os.WIFSTOPPED(status):
             raise RuntimeError(f"the training process ended instead of stopping (status {status})")
-        with ckptio.CheckpointManager(args.uri) as mgr:
+        with ckptio.CheckpointManager(uri) as mgr:
             committed = step in mgr.all_steps()
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -9,6 +9,7 @@ reason, except under CI=true, where s3-server fails instead.
 
 import faulthandler
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -114,9 +115,43 @@ def s3_uri_and_options(s3_server):
     return uri, opts
 
 
+def run_killable(cmd, timeout, env=None, **kwargs):
+    """subprocess.run(cmd, capture_output=True, text=True) that cannot hang.
+
+    subprocess.run's timeout kills the child only, then waits for its pipes
+    to close: a grandchild that inherited them (the demo's training process,
+    stopped mid-save) would keep that wait going for good. Here the command
+    runs in a session of its own; past `timeout` every process of it gets
+    SIGABRT (Python's faulthandler, on through PYTHONFAULTHANDLER, prints its
+    stacks), then SIGKILL, and the test fails with what they printed."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONFAULTHANDLER"] = "1"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _killpg(proc.pid, signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            _killpg(proc.pid, signal.SIGKILL)  # what SIGABRT left: stopped processes, hung ones
+            out, err = proc.communicate()
+        _killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"{' '.join(map(str, cmd))[:300]} ran over {timeout} s; killed. Its output:\n"
+                             f"{out[-3000:]}\n-- stderr:\n{err[-6000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _killpg(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def run_python(code, *args, timeout=60, **kwargs):
-    """Runs `code` in a fresh python3 with this ckptio on its path."""
+    """Runs `code` in a fresh python3 with this ckptio on its path (run_killable)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, **kwargs)
+    return run_killable([sys.executable, "-c", code, *args], timeout, env=env, **kwargs)

@@ -1,19 +1,18 @@
 """python3 -m ckptio.demo: training killed mid-save, resumed, bit-exact to an uninterrupted run."""
 
 import os
-import subprocess
 import sys
 
 import pytest
 
 import ckptio
+from conftest import run_killable
 
 
 def _demo(*args, timeout=120):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    return subprocess.run([sys.executable, "-m", "ckptio.demo", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return run_killable([sys.executable, "-m", "ckptio.demo", *args], timeout, env=env)
 
 
 def test_demo_survives_sigkill_mid_save(tmp_path):

@@ -277,10 +277,16 @@ def test_two_processes_restore_resharded(job):
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                  for i in range(2)]
         got = []
-        for p in procs:
-            out, err = p.communicate(timeout=60)
-            assert p.returncode == 0, err
-            got.append(json.loads(out.split("RESTORED ", 1)[1]))
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=60)
+                assert p.returncode == 0, err
+                got.append(json.loads(out.split("RESTORED ", 1)[1]))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
         total = sum(x["bytes"] for x in got)
         assert total == 64 * 40 * 4 * 2 + 96 * 4 + 30 * 8 * 8
         assert all(x["metadata"] == {"saved_by": 4} for x in got)

@@ -193,7 +193,11 @@ g = ckptio.CheckpointManager(sys.argv[1], staging="borrow",
                              processes=dict(index=0, count=2, run_id="k1", timeout_seconds=600))
 w = np.full(8 << 20, 2.0)
 h = g.save(2, {"m": {"w": w}})
+deadline = time.monotonic() + 60
 while h.progress["durable"] < h.progress["total"] or h.progress["total"] == 0:
+    if h.done() or time.monotonic() > deadline:  # a line the test shows, not a wait without end
+        print("no durable data:", "done" if h.done() else "60 s", h.progress, flush=True)
+        sys.exit(3)
     time.sleep(0.005)
 print("data durable, waiting for the commit", flush=True)
 time.sleep(600)
@@ -201,7 +205,8 @@ time.sleep(600)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     p = subprocess.Popen([sys.executable, "-c", code, d], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        assert p.stdout.readline().startswith("data durable")
+        line = p.stdout.readline()
+        assert line.startswith("data durable"), line
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait()

@@ -415,7 +415,13 @@ def test_two_processes_save_one_restores(ckpt_dir):
     here = os.path.dirname(os.path.abspath(__file__))
     procs = [subprocess.Popen([sys.executable, "-c", CHILD, ckpt_dir, str(i), run_id, here], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-    outs = [p.communicate(timeout=90) for p in procs]
+    try:
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
     written = [int(out.split()[-1]) for out, _ in outs]

@@ -135,9 +135,10 @@ def run_killable(cmd, timeout, env=None, **kwargs):
         try:
             out, err = proc.communicate(timeout=5)
         except subprocess.TimeoutExpired:
-            _killpg(proc.pid, signal.SIGKILL)  # what SIGABRT left: stopped processes, hung ones
+            out = None
+        _killpg(proc.pid, signal.SIGKILL)  # what SIGABRT left: stopped processes, hung ones
+        if out is None:
             out, err = proc.communicate()
-        _killpg(proc.pid, signal.SIGKILL)
         raise AssertionError(f"{' '.join(map(str, cmd))[:300]} ran over {timeout} s; killed. Its output:\n"
                              f"{out[-3000:]}\n-- stderr:\n{err[-6000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
@@ -150,8 +151,19 @@ def _killpg(pgid, sig):
         pass
 
 
+def kill_leftovers(procs):
+    """SIGKILLs and reaps the processes of `procs` still running (a test's finally)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def child_env():
+    """The environment of a child python3 that imports this ckptio."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+
+
 def run_python(code, *args, timeout=60, **kwargs):
     """Runs `code` in a fresh python3 with this ckptio on its path (run_killable)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    return run_killable([sys.executable, "-c", code, *args], timeout, env=env, **kwargs)
+    return run_killable([sys.executable, "-c", code, *args], timeout, env=child_env(), **kwargs)

@@ -1,18 +1,15 @@
 """python3 -m ckptio.demo: training killed mid-save, resumed, bit-exact to an uninterrupted run."""
 
-import os
 import sys
 
 import pytest
 
 import ckptio
-from conftest import run_killable
+from conftest import child_env, run_killable
 
 
 def _demo(*args, timeout=120):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    return run_killable([sys.executable, "-m", "ckptio.demo", *args], timeout, env=env)
+    return run_killable([sys.executable, "-m", "ckptio.demo", *args], timeout, env=child_env())
 
 
 def test_demo_survives_sigkill_mid_save(tmp_path):

@@ -24,6 +24,7 @@ import pytest
 
 import ckptio
 from ckptio import _ckptio
+from conftest import kill_leftovers
 
 TIMEOUT = 2.0  # processes.timeout_seconds of step 2: how long the live processes wait for the killed one
 
@@ -211,10 +212,7 @@ def job(tmp_path_factory, request):
     except (AssertionError, subprocess.TimeoutExpired) as e:
         failure = e
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_leftovers(procs)
     outputs = []
     for log in logs:
         log.seek(0)
@@ -283,10 +281,7 @@ def test_two_processes_restore_resharded(job):
                 assert p.returncode == 0, err
                 got.append(json.loads(out.split("RESTORED ", 1)[1]))
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+            kill_leftovers(procs)
         total = sum(x["bytes"] for x in got)
         assert total == 64 * 40 * 4 * 2 + 96 * 4 + 30 * 8 * 8
         assert all(x["metadata"] == {"saved_by": 4} for x in got)

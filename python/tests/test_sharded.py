@@ -20,6 +20,7 @@ import pytest
 
 import ckptio
 from ckptio import PartitionSpec as P
+from conftest import kill_leftovers
 
 SHAPE = (16, 24)
 
@@ -418,10 +419,7 @@ def test_two_processes_save_one_restores(ckpt_dir):
     try:
         outs = [p.communicate(timeout=90) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_leftovers(procs)
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
     written = [int(out.split()[-1]) for out, _ in outs]

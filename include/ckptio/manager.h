@@ -284,12 +284,13 @@ struct RestoreStats {
 };
 
 // Progress of a restore or a verify: `done` of `total` bytes, called on the
-// calling thread each time a batch of reads (up to 256 MiB) has been checked
-// and delivered, and at the end with done == total; a restore-latest that
-// moves past a damaged step starts again from 0 for the next one. Keep it
-// cheap: the next batch's delivery waits for it. For a restore, the bytes
-// are the selected leaves' payload (a restore into a sharding: the bytes it
-// reads); for verify, every shard's bytes.
+// calling thread each time a batch of reads (up to 256 MiB for a restore,
+// 32 MiB for a verify) has been checked and delivered, and at the end with
+// done == total; a restore-latest that moves past a damaged step starts
+// again from 0 for the next one. Keep it cheap: the next batch's delivery
+// waits for it. For a restore, the bytes are the selected leaves' payload (a
+// restore into a sharding: the bytes it reads); for verify, every shard's
+// bytes.
 using ProgressHook = std::function<void(uint64_t done, uint64_t total)>;
 
 struct RestoreOptions {

@@ -480,7 +480,7 @@ class CheckpointManager:
         where Python scalars were saved). With `like` (a pytree of the same
         shape as the state: arrays, tensors, scalars), the result follows
         its structure, with tensors where it holds tensors, and every leaf
-        must match its dtype and shape: mismatches raise one InvalidArgument
+        must match its dtype and shape: mismatches raise one FailedPrecondition
         listing all of them (allow_cast=True casts float dtypes instead).
         `into`: a pytree of arrays/tensors to restore into, in place (it is
         also the template when `like` is None); its leaves are the ones

@@ -13,8 +13,6 @@ DOC = (Path(__file__).resolve().parents[2] / "docs" / "python.md").read_text()
 
 # Made by ckptio itself, never by a user: not part of the reference.
 INTERNAL = {"SaveHandle": {"c_handle", "notifier"}, "SaveHandle.__init__": {"c_handle", "notifier"}}
-# Positional parameters the docs write under a shorter name (`cp(src, dst, ...)`).
-POSITIONAL = {"src_uri", "dst_uri"}
 
 
 def named(word):
@@ -43,7 +41,7 @@ def test_every_public_name_and_keyword_is_in_docs_python_md():
         for p in params:
             if p.name in ("self", "cls") or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 continue
-            if p.name in INTERNAL.get(qual, ()) or (p.kind != p.KEYWORD_ONLY and p.name in POSITIONAL):
+            if p.name in INTERNAL.get(qual, ()):
                 continue
             checked += 1
             if not named(p.name):

@@ -44,7 +44,14 @@ restart without prefaulting right after numpy.load):
   touch      no disk: a process that first-touches as many bytes of fresh
              anonymous memory (MADV_POPULATE_WRITE, one thread, 4 KiB pages),
              timed inside the child: what this VM's fresh memory allows in this
-             repetition, since every restart writes into memory it never touched.
+             repetition, since every restart writes into memory it never touched;
+  fresh_read the least a restart must do: `ckptio_fresh_read` (bench/fresh_read.cc,
+             built beside `ckptio`) reads the step's data file whole with
+             O_DIRECT through io_uring (depth 32, 8 MiB, ckptio's shape) into
+             fresh memory that a thread faults in from its end, as ckptio's
+             restore does, with no index, plan, leaves or checksums: fio's
+             reads reuse a few buffers and touch no fresh memory, so this is the
+             reference that tells what the VM allows from what ckptio adds.
 The time of a contender is from just before the parent starts its process to
 the moment the child reports the state restored (CLOCK_MONOTONIC, shared by
 both), so interpreter start, imports, discovery and the index are in it and
@@ -104,6 +111,17 @@ def package_env(ckptio):
     beside the CLI `ckptio` (<build>/python), ahead of any PYTHONPATH."""
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (
         os.path.join(os.path.dirname(os.path.dirname(ckptio)), "python"), os.environ.get("PYTHONPATH")) if p))
+
+
+def fresh_reader(ckptio):
+    """bench/fresh_read.cc's binary beside `ckptio`, or None (said once)."""
+    p = os.path.join(os.path.dirname(os.path.abspath(ckptio)), "ckptio_fresh_read")
+    if os.access(p, os.X_OK):
+        return p
+    if not getattr(fresh_reader, "said", False):
+        fresh_reader.said = True
+        log("NOTE: %s is missing (a build with CKPTIO_BUILD_BENCH=ON makes it): no minimal reader row" % p)
+    return None
 
 
 def first_touch_gbps(size, env=None):
@@ -315,6 +333,10 @@ class Run:
         if who == "touch":  # what this VM's fresh memory allows right now: no disk at all
             runs.setdefault("touch_gbps", []).append(first_touch_gbps(size, env))
             return
+        if who == "fresh_read":  # the data file read into fresh memory, nothing else (bench/fresh_read.cc)
+            s, _, j = spawn([fresh_reader(a.ckptio), data])
+            runs.setdefault("fresh_read_gbps", []).append(j["bytes"] / s / 1e9)
+            return
         if who in ("ckptio", "ckptio_noprefault"):
             s, rss, j = spawn([a.ckptio, "synth", "check", os.path.join(d, "ckpt"), "--json",
                                "--batch", str(4 * size)] + (["--no-prefault"] if who != "ckptio" else []))
@@ -336,7 +358,8 @@ class Run:
 
     def size(self, size):
         d, expect, data, total = self.setup(size)
-        order = ["fio", "ckptio", "python", "numpy", "ckptio_noprefault", "touch"] + (["torch"] if os.path.exists(os.path.join(d, "state.pt"))
+        order = ["fio", "ckptio", "python", "numpy", "ckptio_noprefault", "touch"] + \
+            (["fresh_read"] if fresh_reader(self.a.ckptio) else []) + (["torch"] if os.path.exists(os.path.join(d, "state.pt"))
                                                          else [])
         runs = {}
         for r in range(self.a.repeat):
@@ -424,6 +447,8 @@ TARGETS = (  # (name, figure key, goal, op): the issue's targets, per size
     ("restart ÷ torch.load", "ckptio_vs_torch", None, None),
     ("prefault on ÷ off", "prefault_on_vs_off", None, None),
     ("restart ÷ first touch of fresh memory", "ckptio_vs_touch", None, None),
+    ("restart ÷ the minimal reader into fresh memory", "ckptio_vs_fresh_read", None, None),
+    ("the minimal reader ÷ fio's best read", "fresh_read_vs_fio_best", None, None),
     ("Python package ÷ CLI, from process start", "python_vs_cli", None, None),
     ("Python package ÷ CLI, from `import ckptio` done", "python_after_import_vs_cli", 0.95, ">="),
     ("CLI peak RSS ÷ state", "ckptio_peak_rss_over_state", 1.05, "<="),
@@ -451,7 +476,9 @@ def ratios(res):
                "python_vs_cli": ratio("python_gbps", "ckptio_gbps"),
                "python_after_import_vs_cli": ratio("python_after_import_gbps", "ckptio_gbps"),
                "prefault_on_vs_off": ratio("ckptio_gbps", "ckptio_noprefault_gbps"),
-               "ckptio_vs_touch": ratio("ckptio_gbps", "touch_gbps")}
+               "ckptio_vs_touch": ratio("ckptio_gbps", "touch_gbps"),
+               "ckptio_vs_fresh_read": ratio("ckptio_gbps", "fresh_read_gbps"),
+               "fresh_read_vs_fio_best": ratio("fresh_read_gbps", "fio_best")}
         for k in ("ckptio_peak_rss_over_state", "python_peak_rss_over_state"):
             row[k] = {"median": m.get(k), "per_rep": r.get(k, [])}
         out[name] = row
@@ -471,7 +498,7 @@ def table(res):
         lines.append("%s, medians of %d (min-max), cold cache, fresh process:" % (name, s["repeat"]))
         for k in ("fio_1x32_1m", "fio_8x8_8m", "fio_buffered", "fio_best", "ckptio_gbps",
                   "ckptio_restore_only_gbps", "ckptio_noprefault_gbps", "python_gbps", "python_after_import_gbps",
-                  "numpy_gbps", "torch_gbps", "touch_gbps"):
+                  "numpy_gbps", "torch_gbps", "touch_gbps", "fresh_read_gbps"):
             if r.get(k):
                 lines.append("  %-28s %6.2f GB/s  (%.2f-%.2f)" % (k, med(r[k]), min(r[k]), max(r[k])))
         for label, key, goal, op in TARGETS:
@@ -507,7 +534,9 @@ ROWS = (("fio_best", "fio, best of the three reads below"),
         ("python_after_import_gbps", "(the same, from `import ckptio` done: interpreter and numpy loaded)"),
         ("numpy_gbps", "numpy.load of one .npy per leaf"),
         ("torch_gbps", "torch.load of the state_dict"),
-        ("touch_gbps", "(no disk) first touch of as much fresh memory, one thread, 4 KiB pages"))
+        ("touch_gbps", "(no disk) first touch of as much fresh memory, one thread, 4 KiB pages"),
+        ("fresh_read_gbps", "(the minimal reader) `ckptio_fresh_read`: the data file into fresh memory, O_DIRECT "
+                            "io_uring, depth 32, 8 MiB, a thread faulting from the end; no index, no checksums"))
 
 
 def markdown(res, level="##"):

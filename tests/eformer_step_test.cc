@@ -192,6 +192,46 @@ TEST_P(EformerStepTest, ListsCompleteStepsAndRestoresTheLatestBitExact) {
   }
 }
 
+// The decoders fault in the memory the restore allocated, chunk by chunk,
+// before decoding into it (RestoreOptions::prefault), and never the
+// caller's `into` memory; the bytes are the same either way.
+TEST_P(EformerStepTest, DecodersFaultInOnlyTheMemoryTheRestoreAllocated) {
+  auto m = manager();
+  auto check = [&](const RestoredState& r, const char* how) {
+    ASSERT_EQ(r.leaves.size(), leaves().size()) << how;
+    for (const Tensor& t : r.leaves) {
+      const std::string name = t.prefix + "/" + t.path;
+      EXPECT_TRUE(bytes_of(t.data) == expected(200, name)) << name << " (" << how << ")";
+    }
+  };
+  auto on = m->restore(200);
+  ASSERT_TRUE(on.ok()) << on.status().to_string();
+  check(*on, "prefault on");
+  // Every byte of every leaf was in a span faulted in before its chunk was decoded.
+  EXPECT_GE(on->stats.bytes_prefaulted, on->stats.bytes_needed);
+
+  RestoreOptions off;
+  off.prefault = false;
+  auto r = m->restore(200, off);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  check(*r, "prefault off");
+  EXPECT_EQ(r->stats.bytes_prefaulted, 0u);
+
+  std::vector<std::string> mine;
+  mine.reserve(leaves().size());  // no reallocation: `into` points into these strings
+  RestoreOptions into;
+  for (const auto& [name, info] : leaves()) {
+    mine.emplace_back(expected(200, name).size(), '\0');
+    const size_t slash = name.find('/');
+    into.into.push_back({name.substr(0, slash), name.substr(slash + 1), mine.back().data(), mine.back().size()});
+  }
+  auto in = m->restore(200, into);
+  ASSERT_TRUE(in.ok()) << in.status().to_string();
+  EXPECT_EQ(in->stats.bytes_prefaulted, 0u) << "faulted in the caller's memory";
+  size_t i = 0;
+  for (const auto& [name, info] : leaves()) EXPECT_TRUE(mine[i++] == expected(200, name)) << name << " (into)";
+}
+
 TEST_P(EformerStepTest, RestoresIntoAShardingReadingOnlyTheChunksItsBoxesTouch) {
   auto m = manager();
   RestoreOptions o;

@@ -278,8 +278,11 @@ struct RestoreStats {
   // in while the reads landed, so that the kernel did not fault it page by
   // page inside each read's submission (a restore into fresh memory, as
   // after a restart). Counted in slices of up to 8 MiB as they are faulted;
-  // the thread stops once the reads have landed. 0 where the kernel cannot
-  // (before Linux 5.14: MADV_POPULATE_WRITE) or no thread was had.
+  // the thread stops once the reads have landed. A step in eformer's zarr
+  // layout has no such thread: each decoding thread faults in the memory a
+  // chunk goes to just before it decodes there (counted per chunk). 0 where
+  // the kernel cannot (before Linux 5.14: MADV_POPULATE_WRITE) or no thread
+  // was had.
   uint64_t bytes_prefaulted = 0;
 };
 
@@ -312,8 +315,9 @@ struct RestoreOptions {
   uint64_t verify_widen_max_bytes = 64 << 10;
   // Fault the memory restore allocates (whole leaves; with a sharding, the
   // device buffers filled by copies) in on a thread of its own while the
-  // reads land (RestoreStats::bytes_prefaulted). Off only to measure what it
-  // is worth (`ckptio synth check --no-prefault`).
+  // reads land; for an eformer (zarr) step, each chunk's destination on its
+  // decoding thread just before decoding (RestoreStats::bytes_prefaulted).
+  // Off only to measure what it is worth (`ckptio synth check --no-prefault`).
   bool prefault = true;
   ProgressHook on_progress;  // optional
   // Restore into existing arrays: a leaf named here lands in the caller's

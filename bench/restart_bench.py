@@ -814,7 +814,7 @@ def main():
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--json", default=None, help="write the results as JSON to FILE (- for stdout)")
     ap.add_argument("--sharded", default="2GiB",
-                    help="size of the step saved by 8 processes and restarted by 1, 2, 3 ('' to skip)")
+                    help="size of the step saved by 8 processes and restarted by 1, 2, 3 ('' or 0 to skip)")
     ap.add_argument("--prefault-pairs", type=int, default=0, metavar="N",
                     help="only compare `synth check` with and without --no-prefault, N pairs, on --ckpt")
     ap.add_argument("--pairs-fresh", action="store_true",
@@ -876,7 +876,7 @@ def main():
         for s in filter(None, a.sizes.split(",")):
             size = parse_size(s)
             res["sizes"][size_name(size)] = run.size(size)
-        if a.sharded:
+        if a.sharded and parse_size(a.sharded) > 0:  # '' or 0: no sharded restarts
             size = parse_size(a.sharded)
             res["sharded"] = {size_name(size): run.sharded(size)}
     finally:

@@ -6,7 +6,10 @@
 // of ckptio's restore (src/restore/restore_whole.cc) without an index, a plan,
 // checksums or leaves. bench/restart_bench.py runs it beside fio (whose reads
 // reuse a few buffers and so touch no fresh memory) and ckptio's restart, to
-// tell what this machine's fresh memory allows from what ckptio adds.
+// tell what this machine's fresh memory allows from what ckptio adds. It
+// links nothing of ckptio on purpose: the faulting loop is that of
+// populate_in_background (src/util/populate.cc) written again, without its
+// nice 19, so that the reference stays what it is when ckptio changes.
 //
 //   ckptio_fresh_read FILE [--depth 32] [--block 8388608] [--no-prefault] [--touched]
 //

@@ -876,8 +876,8 @@ def main():
         for s in filter(None, a.sizes.split(",")):
             size = parse_size(s)
             res["sizes"][size_name(size)] = run.size(size)
-        if a.sharded and parse_size(a.sharded) > 0:  # '' or 0: no sharded restarts
-            size = parse_size(a.sharded)
+        size = parse_size(a.sharded) if a.sharded else 0
+        if size > 0:  # '' or 0: no sharded restarts
             res["sharded"] = {size_name(size): run.sharded(size)}
     finally:
         shutil.rmtree(a.dir, ignore_errors=True)

@@ -136,6 +136,8 @@ TEST(BoxRuns, TargetContiguityMattersToo) {
   ASSERT_EQ(l->dims.size(), 1u);
   EXPECT_EQ(l->dims[0], (CopyDim{3, 4, 8}));
   EXPECT_EQ(l->run_bytes, 4u);
+  EXPECT_EQ(l->src_span(), 12u);  // rows 0..2 of 4 bytes, back to back
+  EXPECT_EQ(l->dst_span(), 20u);  // rows at 0, 8, 16 of 4 bytes each
 }
 
 TEST(BoxRuns, ContiguousLoopsFuse) {

@@ -268,12 +268,8 @@ class ZarrConsumer : public ReadConsumer {
       auto layout = run_layout(full, 0, *region, L.targets[t], item);
       if (!layout.ok()) return layout.status().annotate(where(j));
       std::byte* dst = L.target_ptrs[t];
-      uint64_t lo = UINT64_MAX, hi = 0;  // the span of the target the runs write
-      for_each_run(*layout, [&](uint64_t, uint64_t o, uint64_t n) {
-        lo = std::min(lo, L.transform.out_offset(o));
-        hi = std::max(hi, L.transform.out_offset(o + n));
-      });
-      if (lo < hi) fault_in(L, dst + lo, hi - lo);
+      const uint64_t lo = L.transform.out_offset(layout->dst_base);  // the span of the target the runs write
+      fault_in(L, dst + lo, L.transform.out_offset(layout->dst_base + layout->dst_span()) - lo);
       Status st;
       for_each_run(*layout, [&](uint64_t s, uint64_t o, uint64_t n) {
         if (st.ok()) st = L.transform.apply(scratch.data() + s, dst + L.transform.out_offset(o), n);

@@ -84,6 +84,12 @@ uint64_t RunLayout::src_span() const {
   return s;
 }
 
+uint64_t RunLayout::dst_span() const {
+  uint64_t s = run_bytes;
+  for (const CopyDim& c : dims) s += (c.count - 1) * c.dst_stride;
+  return s;
+}
+
 Result<RunLayout> run_layout(const Box& saved, uint64_t saved_offset, const Box& region,
                              const Box& target, size_t element_size) {
   if (element_size == 0) return invalid_argument("run_layout: element size 0");

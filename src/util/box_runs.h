@@ -60,8 +60,9 @@ struct RunLayout {
   std::vector<CopyDim> dims;  // outermost first; every count >= 2
   uint64_t num_runs() const;  // product of counts (cannot overflow: <= elements)
   uint64_t bytes() const;     // run_bytes * num_runs()
-  // From the first source byte to one past the last.
+  // From the first source byte to one past the last; the same of the destination.
   uint64_t src_span() const;
+  uint64_t dst_span() const;
 };
 
 // The layout of `region` read from a saved box stored in C order at byte

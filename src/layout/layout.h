@@ -51,6 +51,12 @@ std::optional<StepDir> classify_step_dir(const StepNaming& naming, std::string_v
 // Every step directory under the root, sorted by step then name.
 Result<std::vector<StepDir>> scan_step_dirs(Storage& storage, const StepNaming& naming);
 
+// "a/b/c" -> "a/b"; "a" -> "".
+inline std::string parent_of(const std::string& key) {
+  const size_t slash = key.rfind('/');
+  return slash == std::string::npos ? std::string() : key.substr(0, slash);
+}
+
 inline std::string index_key(const std::string& dir_name) {
   return dir_name + "/" + "ckptio_index.json";
 }

@@ -14,7 +14,9 @@
 //      overwriting (the old step moves to the stage name in the same atomic
 //      step, so there is no moment without a complete step), then fsync the
 //      base directory (sync("")). An fsync error anywhere fails the step: the
-//      caller discards the attempt and never retries the commit.
+//      caller discards the attempt and never retries the commit. One that
+//      comes after the rename first moves the step back to its stage name
+//      (take_back), so that a step reported failed is never discoverable.
 //   5. after an exchange, the old step (now at the stage name) is deleted.
 //
 // Object store (no rename): data objects go to <step>/data-<attempt>-N.bin,
@@ -63,8 +65,39 @@ Status stage_index(Storage& storage, const AttemptPaths& paths, const std::strin
   return storage.put(index_key(paths.stage_dir), as_bytes(index_json));
 }
 
+namespace {
+
+// A commit that failed once its attempt may have taken the step's final name
+// (POSIX: the rename's fsync, or the base's after it) must not leave the step
+// discoverable: a step reported failed would be restored, and retried saves
+// of it refused. Whether the attempt is there is read from its marker (the
+// index, or an eformer step's metadata.json, whose bytes are the attempt's
+// own); if so, it is moved back to the stage name (after an exchange, the
+// replaced step comes back with the same exchange) for the caller to
+// discard. When even that fails, `*outcome_unknown` says so: the attempt's
+// files are then left (a crash may yet show the step committed; gc removes
+// them if not).
+Status take_back(Storage& storage, const AttemptPaths& paths, std::string_view marker_name,
+                 const std::string& marker, Status failure, bool* outcome_unknown) {
+  const std::string final_dir = paths.final_dir + "/", stage_dir = paths.stage_dir + "/";
+  auto there = storage.get(final_dir + std::string(marker_name), marker.size());
+  if (there.ok() && *there != marker) return failure;  // another step's: ours never moved
+  const Code code = there.ok() ? Code::kOk : there.status().code();
+  if (code == Code::kNotFound || code == Code::kInvalidArgument) return failure;  // none, or a larger one: not ours
+  Status back = there.status();
+  if (back.ok()) back = storage.rename(final_dir, stage_dir, RenameMode::kNoReplace);
+  if (back.code() == Code::kAlreadyExists) back = storage.rename(final_dir, stage_dir, RenameMode::kExchange);
+  if (back.ok()) back = storage.sync("");
+  if (back.ok()) return failure.annotate("step " + paths.final_dir + " was moved back to " + paths.stage_dir);
+  if (outcome_unknown) *outcome_unknown = true;
+  return failure.annotate("step " + paths.final_dir + " may or may not be committed (it could not be moved back: " +
+                          back.to_string() + "); its files are left for gc");
+}
+
+}  // namespace
+
 Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
-                       bool overwrite, bool* outcome_unknown) {
+                       bool overwrite, bool* outcome_unknown, std::string_view marker_name) {
   const std::span<const std::byte> bytes = as_bytes(index_json);
   if (!paths.renames) {
     const std::string key = index_key(paths.final_dir);
@@ -105,8 +138,17 @@ Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::s
     renamed = storage.rename(paths.stage_dir + "/", paths.final_dir + "/", RenameMode::kExchange);
     exchanged = renamed.ok();
   }
-  CKPTIO_RETURN_IF_ERROR(renamed.annotate("commit " + paths.final_dir));
-  CKPTIO_RETURN_IF_ERROR(storage.sync("").annotate("commit " + paths.final_dir));
+  // The new name made durable: its directory (the rename's own fsync does it
+  // on local disk; a nested step format's parent, for every backend), then
+  // the base. A failure here, or in the rename's own fsync, may come after
+  // the attempt took its final name: take_back moves it away again.
+  Status durable = renamed;
+  if (const std::string parent = parent_of(paths.final_dir); durable.ok() && !parent.empty())
+    durable = storage.sync(parent + "/");
+  if (durable.ok()) durable = storage.sync("");
+  if (!durable.ok())
+    return take_back(storage, paths, marker_name, index_json, durable.annotate("commit " + paths.final_dir),
+                     outcome_unknown);
   if (exchanged) {
     // The replaced step now sits at the stage name; it is not discoverable as
     // committed (temporary names never are), so a failure here only leaves

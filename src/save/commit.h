@@ -2,7 +2,9 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
+#include "ckptio/index.h"
 #include "ckptio/status.h"
 #include "ckptio/storage.h"
 
@@ -37,8 +39,13 @@ Status commit_attempt(Storage& storage, const AttemptPaths& paths, const std::st
 // publish_attempt, once every data object is durable and the index staged,
 // makes the stage directory's names durable and the step visible.
 Status stage_index(Storage& storage, const AttemptPaths& paths, const std::string& index_json);
+// `index_json` is what the stage holds at `marker_name` (an eformer step:
+// its metadata.json): a failure once the step may have been renamed is
+// settled by reading it back, and such a step is moved back to its stage
+// name, for the caller to discard (or *outcome_unknown set).
 Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::string& index_json,
-                       bool overwrite, bool* outcome_unknown = nullptr);
+                       bool overwrite, bool* outcome_unknown = nullptr,
+                       std::string_view marker_name = kIndexFileName);
 
 // Removes what a failed attempt wrote (never a committed step's objects).
 void discard_attempt(Storage& storage, const AttemptPaths& paths,

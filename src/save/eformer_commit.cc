@@ -110,10 +110,7 @@ Status EformerStepWriter::Impl::publish(const std::string& metadata, bool* keep)
   if (!paths.renames) return publish_object_store(metadata, keep);
   const std::string key = key_of(std::string(kEformerMetadataName));
   CKPTIO_RETURN_IF_ERROR(storage.put(key, as_bytes(metadata)).annotate("write " + storage.describe() + "/" + key));
-  CKPTIO_RETURN_IF_ERROR(publish_attempt(storage, paths, metadata, options.overwrite));
-  const std::string parent = parent_of(paths.final_dir);  // publish_attempt synced the root
-  if (!parent.empty()) CKPTIO_RETURN_IF_ERROR(storage.sync(parent + "/").annotate("commit " + paths.final_dir));
-  return Status::OK();
+  return publish_attempt(storage, paths, metadata, options.overwrite, keep, kEformerMetadataName);
 }
 
 // Drops queued work, waits for running jobs, removes what was written.

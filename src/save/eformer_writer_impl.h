@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "src/save/eformer_writer.h"
+#include "src/layout/layout.h"
 #include "src/layout/zarr/chunk_codec.h"
 #include "src/layout/zarr/zarray.h"
 #include "src/save/commit.h"
@@ -24,12 +25,6 @@ namespace ckptio::zarr {
 
 inline std::span<const std::byte> as_bytes(const std::string& s) {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
-}
-
-// "a/b/c" -> "a/b"; "a" -> "".
-inline std::string parent_of(const std::string& key) {
-  const size_t slash = key.rfind('/');
-  return slash == std::string::npos ? std::string() : key.substr(0, slash);
 }
 
 struct EformerStepWriter::Impl {

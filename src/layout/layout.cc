@@ -34,7 +34,7 @@ std::optional<int64_t> StepNaming::parse(std::string_view name) const {
   if (name.substr(0, head_.size()) != head_) return std::nullopt;
   if (name.substr(name.size() - tail_.size()) != tail_) return std::nullopt;
   std::string_view digits = name.substr(head_.size(), name.size() - head_.size() - tail_.size());
-  if (digits.empty() || digits.size() > 18) return std::nullopt;
+  if (digits.empty() || digits.size() > 19) return std::nullopt;
   if (digits.size() > 1 && digits[0] == '0') return std::nullopt;  // one spelling per step
   int64_t v = 0;
   auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);

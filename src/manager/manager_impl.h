@@ -52,7 +52,27 @@ struct CheckpointManager::Impl {
   bool reaper_stopping = false;     // set once the worker ended: nothing more to queue
   std::thread reaper;               // when retention is on (max_to_keep, keep_every)
   std::set<std::string> attempts_in_flight;
-  std::multiset<int64_t> restoring;
+  // The final directories of eformer saves in flight: on an object store
+  // they write there in place, under no attempt id, and gc spares them.
+  std::multiset<std::string> eformer_steps_in_flight;
+  std::multiset<int64_t> restoring;  // steps restore or verify read now (ReadMark)
+  std::set<int64_t> retiring;        // steps retention moves out of the committed set now
+  // A step read by restore or verify, from before its index is read until
+  // its data is in: retention leaves a marked step alone, and a mark waits
+  // for a retirement of its step that has begun (src/manager/retention.cc).
+  // Without it a restore that had read step N's index could have N renamed
+  // away by the retention after N+1's commit, and report N as damaged.
+  class ReadMark {
+   public:
+    ReadMark(Impl* impl, int64_t step);
+    ~ReadMark();
+    ReadMark(const ReadMark&) = delete;
+    ReadMark& operator=(const ReadMark&) = delete;
+
+   private:
+    Impl* impl_;
+    int64_t step_;
+  };
   std::map<int64_t, uint64_t> group_saves;  // multi-process saves begun, per step
 
   // ---- Save (src/save/submit.cc, src/save/pipeline.cc) ----

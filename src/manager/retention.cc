@@ -25,9 +25,15 @@ Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std:
     {
       std::lock_guard lock(mu);
       if (restoring.count(s)) continue;  // never under a reader
+      retiring.insert(s);                // and no reader marks it until it is out
     }
     // Out of the committed set first; then its bytes, now or by the reaper.
     auto rest = retire_committed_step(owner->storage(), naming.name(s));
+    {
+      std::lock_guard lock(mu);
+      retiring.erase(s);
+    }
+    cv.notify_all();
     Status st = rest.status();
     if (rest.ok() && reap) reap->push_back(std::move(*rest));
     else if (rest.ok()) st = owner->storage().remove_prefix(*rest);
@@ -35,6 +41,17 @@ Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std:
     if (!st.ok() && first.ok()) first = st.annotate("retention: delete step " + std::to_string(s));
   }
   return first;
+}
+
+CheckpointManager::Impl::ReadMark::ReadMark(Impl* impl, int64_t step) : impl_(impl), step_(step) {
+  std::unique_lock lock(impl_->mu);
+  impl_->cv.wait(lock, [&] { return impl_->retiring.count(step_) == 0; });
+  impl_->restoring.insert(step_);
+}
+
+CheckpointManager::Impl::ReadMark::~ReadMark() {
+  std::lock_guard lock(impl_->mu);
+  impl_->restoring.erase(impl_->restoring.find(step_));
 }
 
 }  // namespace ckptio

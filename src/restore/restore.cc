@@ -109,6 +109,7 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
   };
   if (step) {
     const auto t0 = Clock::now();
+    Impl::ReadMark mark(impl_.get(), *step);  // before its index: retention leaves it alone
     CKPTIO_ASSIGN_OR_RETURN(Index index, read_index(*step));
     const auto t1 = Clock::now();
     return with_index_time(impl_->restore_index(index, options), t0, t1);
@@ -128,31 +129,42 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
     spdlog::warn("ckptio: restore-latest skips damaged step {}: {}", s, st.to_string());
     skipped.push_back(SkippedStep{s, st});
   };
-  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
-    if (it->kind != StepDirKind::kFinal) continue;
-    const auto t0 = Clock::now();
-    auto loaded = impl_->load_index(it->name);
-    const auto t1 = Clock::now();
-    if (loaded.ok() && !loaded->has_value()) {  // no index: not committed, or lost (POSIX)
-      Status why = impl_->missing_index(it->name, it->step);
-      if (why.code() == Code::kNotFound) continue;
-      loaded = why;
+  // Nothing restored from the steps listed: a step committed since is tried
+  // too (once), as retention after its commit may have retired the ones the
+  // listing saw before this restore marked them.
+  int64_t seen = -1;  // the newest step tried
+  for (int pass = 0; pass < 2; ++pass) {
+    const int64_t tried_up_to = seen;
+    for (auto it = dirs.rbegin(); it != dirs.rend() && it->step > tried_up_to; ++it) {
+      if (it->kind != StepDirKind::kFinal) continue;
+      seen = std::max(seen, it->step);
+      const auto t0 = Clock::now();
+      Impl::ReadMark mark(impl_.get(), it->step);  // before its index: retention leaves it alone
+      auto loaded = impl_->load_index(it->name);
+      const auto t1 = Clock::now();
+      if (loaded.ok() && !loaded->has_value()) {  // no index: not committed, or lost (POSIX)
+        Status why = impl_->missing_index(it->name, it->step);
+        if (why.code() == Code::kNotFound) continue;
+        loaded = why;
+      }
+      if (!loaded.ok()) {
+        if (options_.strict || !loaded.status().data_loss()) return with_skipped(loaded.status());
+        skip(it->step, loaded.status());
+        continue;
+      }
+      auto restored = with_index_time(impl_->restore_index(**loaded, options), t0, t1);
+      if (restored.ok()) {
+        if (!skipped.empty())
+          spdlog::warn("ckptio: restore-latest restored step {} after skipping {} damaged newer step(s)",
+                       it->step, skipped.size());
+        restored->skipped = std::move(skipped);
+        return restored;
+      }
+      if (options_.strict || !restored.status().data_loss()) return with_skipped(restored.status());
+      skip(it->step, restored.status());
     }
-    if (!loaded.ok()) {
-      if (options_.strict || !loaded.status().data_loss()) return with_skipped(loaded.status());
-      skip(it->step, loaded.status());
-      continue;
-    }
-    auto restored = with_index_time(impl_->restore_index(**loaded, options), t0, t1);
-    if (restored.ok()) {
-      if (!skipped.empty())
-        spdlog::warn("ckptio: restore-latest restored step {} after skipping {} damaged newer step(s)",
-                     it->step, skipped.size());
-      restored->skipped = std::move(skipped);
-      return restored;
-    }
-    if (options_.strict || !restored.status().data_loss()) return with_skipped(restored.status());
-    skip(it->step, restored.status());
+    if (pass == 1) break;
+    CKPTIO_ASSIGN_OR_RETURN(dirs, scan_step_dirs(*storage_, impl_->naming));
   }
   if (skipped.empty()) return not_found("no committed step at " + storage_->describe());
   std::string all;
@@ -165,15 +177,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
                                                             const RestoreOptions& options) {
   const auto t0 = Clock::now();
   Storage& storage = owner->storage();
-  const int64_t the_step = index.step;
-  {
-    std::lock_guard lock(mu);
-    restoring.insert(the_step);
-  }
-  struct Unmark {
-    Impl* impl; int64_t s;
-    ~Unmark() { std::lock_guard lock(impl->mu); impl->restoring.erase(impl->restoring.find(s)); }
-  } unmark{this, the_step};
+  const int64_t the_step = index.step;  // its callers hold a ReadMark on it
 
   // Selection.
   // RE2 with Python's syntax, as partition rules: leaf paths come from the

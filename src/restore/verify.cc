@@ -101,6 +101,7 @@ class Verifier : public ReadConsumer {
 
 Status CheckpointManager::verify(int64_t step, const ProgressHook& on_progress) {
   CKPTIO_RETURN_IF_ERROR(check_process());
+  Impl::ReadMark mark(impl_.get(), step);  // retention leaves the step alone meanwhile
   CKPTIO_ASSIGN_OR_RETURN(Index index, read_index(step));
   const std::string dir = impl_->naming.name(step);
   if (index.layout == zarr::kEformerLayout) return verify_zarr(*storage_, dir, index, on_progress);

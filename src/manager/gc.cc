@@ -38,12 +38,14 @@ Status CheckpointManager::Impl::gc(const GcOptions& options) {
     std::lock_guard lock(mu);
     for (const auto& a : attempts_in_flight)
       if (key.find(a) != std::string::npos) return true;
+    for (const auto& dir : eformer_steps_in_flight)
+      if (key.starts_with(dir + "/")) return true;
     return false;
   };
   for (const StepDir& d : dirs) {
     {
       std::lock_guard lock(mu);
-      if (attempts_in_flight.count(d.attempt)) continue;
+      if (attempts_in_flight.count(d.attempt) || eformer_steps_in_flight.count(d.name)) continue;
     }
     if (d.kind != StepDirKind::kFinal) {
       if (!live(d.name + "/")) note(storage.remove_prefix(d.name + "/"));

@@ -10,12 +10,16 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <optional>
 
 #include "src/layout/zarr/chunk_grid.h"
 #include "src/save/eformer_writer.h"
 #include "src/manager/manager_impl.h"
 #include "src/save/save_job.h"
+#include "src/util/box_runs.h"
 
 namespace ckptio {
 namespace {
@@ -41,6 +45,33 @@ Result<std::string> extra_metadata(const std::string& json) {
   return json;
 }
 
+// Whether every shard of `leaf` is whole chunks of `chunks` (the grid's
+// edge chunks cut by the shape), as the writer takes boxes.
+bool whole_chunks(const LeafView& leaf, const Shape& chunks) {
+  for (const ShardView& s : leaf.shards)
+    for (size_t d = 0; d < chunks.size(); ++d)
+      if (s.box.start[d] % chunks[d] != 0 || (s.box.stop[d] % chunks[d] != 0 && s.box.stop[d] != leaf.shape[d]))
+        return false;
+  return true;
+}
+
+// The leaf whole, in C order, from its shards (validate_leaves checked that
+// they tile it).
+Result<Buffer> assemble(const LeafView& leaf) {
+  const size_t item = dtype_size(leaf.dtype);
+  const Box whole = Box::whole(leaf.shape);
+  const std::optional<uint64_t> n = checked_num_bytes(whole, item);
+  if (!n) return invalid_argument(leaf.prefix + "/" + leaf.path + ": too large");
+  Buffer b = Buffer::allocate(std::max<uint64_t>(*n, 1));
+  for (const ShardView& s : leaf.shards) {
+    if (box_is_empty(s.box)) continue;
+    CKPTIO_ASSIGN_OR_RETURN(RunLayout runs, run_layout(s.box, 0, s.box, whole, item));
+    const auto* src = static_cast<const std::byte*>(s.data);
+    for_each_run(runs, [&](uint64_t from, uint64_t to, uint64_t len) { std::memcpy(b.data() + to, src + from, len); });
+  }
+  return b;
+}
+
 }  // namespace
 
 void CheckpointManager::Impl::run_eformer_job(SaveJob& job) {
@@ -54,17 +85,29 @@ void CheckpointManager::Impl::run_eformer_job(SaveJob& job) {
   Status st = [&]() -> Status {
     zarr::EformerWriteOptions wo;
     wo.overwrite = job.options.overwrite;
+    wo.attempt = job.paths.attempt;  // the id gc spares while the save is in flight
     CKPTIO_ASSIGN_OR_RETURN(wo.extra_metadata_json, extra_metadata(job.options.metadata_json));
     CKPTIO_ASSIGN_OR_RETURN(auto writer, zarr::EformerStepWriter::start(storage, job.paths.final_dir, job.step, wo));
     std::vector<size_t> ids;
+    std::vector<Shape> chunks;
     for (const LeafView& leaf : job.leaves) {
-      CKPTIO_ASSIGN_OR_RETURN(size_t id, writer->add_array(leaf.prefix, leaf.path, leaf.dtype, leaf.shape,
-                                                           zarr::regular_chunk_shape(leaf.shape, leaf.shards)));
+      chunks.push_back(zarr::regular_chunk_shape(leaf.shape, leaf.shards));
+      CKPTIO_ASSIGN_OR_RETURN(size_t id, writer->add_array(leaf.prefix, leaf.path, leaf.dtype, leaf.shape, chunks.back()));
       ids.push_back(id);
     }
+    std::vector<Buffer> assembled;  // read by the writer until wait_borrowed()
     for (size_t i = 0; i < job.leaves.size(); ++i) {
       const LeafView& leaf = job.leaves[i];
       const size_t item = dtype_size(leaf.dtype);
+      if (!whole_chunks(leaf, chunks[i])) {
+        // Shards cut off any one grid (regular_chunk_shape made the leaf one
+        // chunk): assembled into it first.
+        CKPTIO_ASSIGN_OR_RETURN(Buffer b, assemble(leaf));
+        Status w = writer->write_box_borrowed(ids[i], Box::whole(leaf.shape), {b.data(), b.size()});
+        if (!w.ok()) return w.annotate(leaf.prefix + "/" + leaf.path);
+        assembled.push_back(std::move(b));
+        continue;
+      }
       for (const ShardView& s : leaf.shards) {
         const uint64_t n = checked_num_bytes(s.box, item).value_or(0);
         // Borrowed: the writer compresses each chunk straight from the

@@ -327,7 +327,8 @@ Result<std::unique_ptr<EformerStepWriter>> EformerStepWriter::start(Storage& sto
   if (options.compressor.id != CodecId::kZstd && options.compressor.id != CodecId::kNone)
     return Status(Code::kUnimplemented, "eformer writer: chunks are encoded with zstd or none only");
   CKPTIO_ASSIGN_OR_RETURN(std::string extra, extra_members(options.extra_metadata_json));
-  AttemptPaths paths = plan_attempt(storage, final_dir);
+  AttemptPaths paths = options.attempt.empty() ? plan_attempt(storage, final_dir)
+                                                : plan_attempt(storage, final_dir, options.attempt);
   CKPTIO_ASSIGN_OR_RETURN(ListResult there, storage.list(final_dir + "/", true));
   const bool exists = !there.objects.empty() || !there.prefixes.empty();
   if (exists && !options.overwrite)

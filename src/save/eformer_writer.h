@@ -97,6 +97,10 @@ struct EformerWriteOptions {
   std::string extra_metadata_json = "{}";
   bool is_temporary = false;
   bool overwrite = false;  // replace a step at the final name
+  // The attempt's id (its stage directory's name, <final>.tmp-<attempt>):
+  // a manager's save passes the one it registered as in flight, which gc
+  // spares; "" draws a new one.
+  std::string attempt;
 };
 
 class EformerStepWriter {

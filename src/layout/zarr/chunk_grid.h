@@ -51,20 +51,26 @@ struct ChunkRange {
 Result<ChunkRange> chunks_overlapping(const ZArray& a, const Box& box);
 
 // The chunk shape under which a leaf of `shape`, stored as `shards` (anything
-// with a `.box`: ShardView, ShardRecord), keeps one chunk per shard: their
-// extent when every shard has the first one's (cut by the shape at the far
-// edges) and starts on a multiple of it, as a mesh sharding's device shards
-// do (TensorStore's chunks); else the whole shape (one chunk).
+// with a `.box`: ShardView, ShardRecord), keeps one chunk per shard: the
+// largest shard's extent when every shard has it (cut by the shape at the
+// far edges) and starts on a multiple of it, as a mesh sharding's device
+// shards do (TensorStore's chunks), in whatever order they come; else the
+// whole shape (one chunk). A dimension of size 0 gets chunks of 1, as zarr
+// requires chunks of at least 1.
 template <typename Shards>
 Shape regular_chunk_shape(const Shape& shape, const Shards& shards) {
-  if (shape.empty() || shards.empty()) return shape;
-  const Shape first = shards.front().box.extent();
+  Shape whole = shape;
+  for (auto& d : whole) d = std::max<int64_t>(d, 1);
+  if (shape.empty() || shards.empty()) return whole;
+  Shape chunk(shape.size(), 0);
+  for (const auto& s : shards)
+    for (size_t d = 0; d < shape.size(); ++d) chunk[d] = std::max(chunk[d], s.box.stop[d] - s.box.start[d]);
   for (const auto& s : shards)
     for (size_t d = 0; d < shape.size(); ++d) {
-      if (first[d] <= 0 || s.box.start[d] % first[d] != 0) return shape;
-      if (s.box.stop[d] - s.box.start[d] != std::min(first[d], shape[d] - s.box.start[d])) return shape;
+      if (chunk[d] <= 0 || s.box.start[d] % chunk[d] != 0) return whole;
+      if (s.box.stop[d] - s.box.start[d] != std::min(chunk[d], shape[d] - s.box.start[d])) return whole;
     }
-  return first;
+  return chunk;
 }
 
 // Calls f(index) for every grid position of `range`, in C order (the last

@@ -19,6 +19,7 @@
 #include "src/layout/zarr/chunk_grid.h"
 #include "src/layout/zarr/zarray.h"
 #include "src/restore/damage.h"
+#include "src/restore/decode_crew.h"
 #include "src/restore/read_executor.h"
 #include "src/restore/destinations.h"
 #include "src/restore/targets.h"
@@ -102,70 +103,6 @@ class ChunkBuffers {
   uint64_t free_bytes_ = 0;
 };
 
-// Threads that decode chunks and copy them out, one ChunkDecoder and one
-// scratch buffer each. Tasks run in any order; the first error is kept and
-// the tasks after it are dropped.
-class DecodeCrew {
- public:
-  using Task = std::function<Status(zarr::ChunkDecoder&, std::vector<std::byte>&)>;
-  explicit DecodeCrew(unsigned n) {
-    for (unsigned i = 0; i < std::max(1u, n); ++i) threads_.emplace_back([this] { run(); });
-  }
-  ~DecodeCrew() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-  void submit(Task t) {
-    {
-      std::lock_guard lock(mu_);
-      tasks_.push_back(std::move(t));
-      ++pending_;
-    }
-    cv_.notify_one();
-  }
-  // Waits for every task submitted; the first error.
-  Status wait() {
-    std::unique_lock lock(mu_);
-    done_cv_.wait(lock, [&] { return pending_ == 0; });
-    return error_;
-  }
-  Status error() {
-    std::lock_guard lock(mu_);
-    return error_;
-  }
-
- private:
-  void run() {
-    zarr::ChunkDecoder decoder;
-    std::vector<std::byte> scratch;
-    std::unique_lock lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;
-      Task t = std::move(tasks_.front());
-      tasks_.pop_front();
-      const bool skip = !error_.ok();
-      lock.unlock();
-      Status st = skip ? Status::OK() : t(decoder, scratch);
-      t = nullptr;  // frees what the task holds before it counts as done
-      lock.lock();
-      if (!st.ok() && error_.ok()) error_ = st;
-      if (--pending_ == 0) done_cv_.notify_all();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  std::deque<Task> tasks_;
-  size_t pending_ = 0;
-  bool stop_ = false;
-  Status error_;
-  std::vector<std::thread> threads_;
-};
-
 // Reads every planned chunk into a buffer of its own (destination()), hands
 // it to the crew when it lands, and bounds the compressed bytes held.
 class ZarrConsumer : public ReadConsumer {
@@ -198,8 +135,8 @@ class ZarrConsumer : public ReadConsumer {
       std::lock_guard lock(mu_);
       queued_ += jobs_[i].shard->length;
     }
-    crew_.submit([this, i](zarr::ChunkDecoder& d, std::vector<std::byte>& scratch) {
-      Status st = decode(jobs_[i], d, scratch);
+    crew_.submit([this, i](zarr::ChunkDecoder& d, std::vector<std::byte>& scratch, bool skip) {
+      Status st = skip ? Status::OK() : decode(jobs_[i], d, scratch);
       const uint64_t n = jobs_[i].shard->length;
       {
         std::lock_guard lock(mu_);
@@ -253,6 +190,9 @@ class ZarrConsumer : public ReadConsumer {
         return st.ok() ? st : st.annotate(where(j));
       }
     }
+    if (j.shard) {  // checked before the scratch grows to what the chunk claims
+      if (Status st = zarr::check_chunk(z.compressor, src, z.chunk_bytes); !st.ok()) return st.annotate(where(j));
+    }
     scratch.resize(z.chunk_bytes);
     if (j.shard) {
       Status st = d.decode(z.compressor, src, scratch);
@@ -300,10 +240,15 @@ class ZarrConsumer : public ReadConsumer {
     if (problems_.size() < kMaxProblems) problems_.push_back(std::move(p));
     ++count_;
   }
+  // Problems counted, not named.
+  void note_more(uint64_t n) {
+    std::lock_guard lock(mu_);
+    count_ += n;
+  }
   // After the reads: waits for the crew; its first error.
   Status finish() { return crew_.wait(); }
   std::vector<std::string> problems() const { return problems_; }
-  size_t count() const { return count_; }
+  uint64_t count() const { return count_; }
   DecodeCrew& crew() { return crew_; }
 
  private:
@@ -322,7 +267,7 @@ class ZarrConsumer : public ReadConsumer {
   uint64_t held_ = 0, queued_ = 0;
   ChunkBuffers buffers_;
   std::vector<std::string> problems_;
-  size_t count_ = 0;
+  uint64_t count_ = 0;
   DecodeCrew crew_;  // last: joined first, while the rest is alive
 };
 
@@ -334,6 +279,46 @@ Result<zarr::ZArray> leaf_zarray(const std::string& name, const LeafRecord& rec)
   return z;
 }
 
+// A chunk's grid position as its C-order rank in the leaf's grid, and back.
+uint64_t chunk_rank(const zarr::ZArray& z, std::span<const uint64_t> idx) {
+  uint64_t r = 0;
+  for (size_t d = 0; d < idx.size(); ++d) r = r * z.grid[d] + idx[d];
+  return r;
+}
+std::vector<uint64_t> chunk_index(const zarr::ZArray& z, uint64_t rank) {
+  std::vector<uint64_t> idx(z.grid.size());
+  for (size_t d = idx.size(); d-- > 0;) {
+    idx[d] = rank % z.grid[d];
+    rank /= z.grid[d];
+  }
+  return idx;
+}
+
+// The leaf's stored chunks by rank.
+std::vector<std::pair<uint64_t, const ShardRecord*>> stored_chunks(const ZLeaf& L) {
+  std::vector<std::pair<uint64_t, const ShardRecord*>> stored;
+  stored.reserve(L.rec->shards.size());
+  for (const ShardRecord& s : L.rec->shards) {
+    std::vector<uint64_t> idx(s.box.start.size());
+    for (size_t d = 0; d < idx.size(); ++d) idx[d] = static_cast<uint64_t>(s.box.start[d]) / L.z.chunks[d];
+    stored.emplace_back(chunk_rank(L.z, idx), &s);
+  }
+  std::sort(stored.begin(), stored.end());
+  return stored;
+}
+
+// A stored chunk's job with its read, once its listed size is plausible
+// (checked before a buffer of that size is taken for it).
+Status add_read(const ZLeaf& L, const std::string& step_dir, ChunkJob&& j, std::vector<ChunkJob>* jobs,
+                std::vector<std::string>* keys, std::vector<ExecRead>* reads) {
+  if (Status st = zarr::check_stored_size(L.z.compressor, j.shard->length, L.z.chunk_bytes); !st.ok())
+    return st.annotate(L.name + " chunk " + zarr::chunk_key(L.z, j.index) + " (" + step_dir + "/" + j.shard->file + ")");
+  reads->push_back(ExecRead{static_cast<uint32_t>(keys->size()), 0, j.shard->length});
+  keys->push_back(step_dir + "/" + j.shard->file);
+  jobs->push_back(std::move(j));
+  return Status::OK();
+}
+
 // The chunks each leaf's targets overlap, in leaf order then C order: jobs
 // for those the store holds (with reads) come first in `jobs`; missing
 // ones are appended to `missing`.
@@ -341,27 +326,13 @@ Status plan_chunks(std::vector<ZLeaf>& leaves, const std::string& step_dir, std:
                    std::vector<ChunkJob>* missing, std::vector<std::string>* keys, std::vector<ExecRead>* reads) {
   for (uint32_t l = 0; l < leaves.size(); ++l) {
     ZLeaf& L = leaves[l];
-    // The leaf's stored chunks by grid position (C-order rank).
-    auto rank_of = [&](std::span<const uint64_t> idx) {
-      uint64_t r = 0;
-      for (size_t d = 0; d < idx.size(); ++d) r = r * L.z.grid[d] + idx[d];
-      return r;
-    };
-    std::vector<std::pair<uint64_t, const ShardRecord*>> stored;
-    stored.reserve(L.rec->shards.size());
-    for (const ShardRecord& s : L.rec->shards) {
-      std::vector<uint64_t> idx(s.box.start.size());
-      for (size_t d = 0; d < idx.size(); ++d) idx[d] = static_cast<uint64_t>(s.box.start[d]) / L.z.chunks[d];
-      stored.emplace_back(rank_of(idx), &s);
-    }
-    std::sort(stored.begin(), stored.end());
+    const auto stored = stored_chunks(L);
     // Chunk -> the targets it overlaps.
     std::vector<std::pair<uint64_t, uint32_t>> needs;  // (chunk rank, target)
-    std::vector<std::vector<uint64_t>> positions;      // by first appearance
     for (uint32_t t = 0; t < L.targets.size(); ++t) {
       auto range = zarr::chunks_overlapping(L.z, L.targets[t]);
       if (!range.ok()) return range.status().annotate(L.name);
-      zarr::for_each_chunk(*range, [&](std::span<const uint64_t> idx) { needs.emplace_back(rank_of(idx), t); });
+      zarr::for_each_chunk(*range, [&](std::span<const uint64_t> idx) { needs.emplace_back(chunk_rank(L.z, idx), t); });
     }
     std::sort(needs.begin(), needs.end());
     for (size_t k = 0; k < needs.size();) {
@@ -369,21 +340,59 @@ Status plan_chunks(std::vector<ZLeaf>& leaves, const std::string& step_dir, std:
       j.leaf = l;
       const uint64_t r = needs[k].first;
       for (; k < needs.size() && needs[k].first == r; ++k) j.targets.push_back(needs[k].second);
-      j.index.resize(L.z.grid.size());
-      for (size_t d = j.index.size(), rest = r; d-- > 0;) {
-        j.index[d] = rest % L.z.grid[d];
-        rest /= L.z.grid[d];
-      }
+      j.index = chunk_index(L.z, r);
       auto it = std::lower_bound(stored.begin(), stored.end(), std::make_pair(r, static_cast<const ShardRecord*>(nullptr)));
       if (it != stored.end() && it->first == r) {
         j.shard = it->second;
-        reads->push_back(ExecRead{static_cast<uint32_t>(keys->size()), 0, j.shard->length});
-        keys->push_back(step_dir + "/" + j.shard->file);
-        jobs->push_back(std::move(j));
+        CKPTIO_RETURN_IF_ERROR(add_read(L, step_dir, std::move(j), jobs, keys, reads));
       } else {
         missing->push_back(std::move(j));
       }
     }
+  }
+  return Status::OK();
+}
+
+// verify's plan: every stored chunk, to decode (no targets), and the missing
+// ones counted from the size of the grid instead of walking it (a .zarray
+// can declare 2^62 chunks); the first kMaxProblems named in `problems`, with
+// the stored chunks whose listed size no encoding has. `*uncounted`: the
+// problems beyond those named.
+Status plan_verify(std::vector<ZLeaf>& leaves, const std::string& step_dir, std::vector<ChunkJob>* jobs,
+                   std::vector<std::string>* keys, std::vector<ExecRead>* reads, std::vector<std::string>* problems,
+                   uint64_t* uncounted) {
+  auto note = [&](std::string p) {
+    if (problems->size() < kMaxProblems) problems->push_back(std::move(p));
+    else ++*uncounted;
+  };
+  for (uint32_t l = 0; l < leaves.size(); ++l) {
+    const ZLeaf& L = leaves[l];
+    const auto stored = stored_chunks(L);
+    uint64_t total = 1;
+    for (uint64_t g : L.z.grid)
+      if (__builtin_mul_overflow(total, g, &total)) total = UINT64_MAX;
+    for (const auto& [r, shard] : stored) {
+      ChunkJob j;
+      j.leaf = l;
+      j.index = chunk_index(L.z, r);
+      j.shard = shard;
+      if (Status st = add_read(L, step_dir, std::move(j), jobs, keys, reads); !st.ok()) note(st.message());
+    }
+    // The missing ones: the first few by rank (stored ranks are skipped, so
+    // this walks at most stored.size() + kMaxProblems positions), the rest
+    // counted.
+    uint64_t missing = total - std::min<uint64_t>(total, stored.size()), named = 0;
+    auto next = stored.begin();
+    for (uint64_t r = 0; r < total && named < missing && problems->size() < kMaxProblems; ++r) {
+      while (next != stored.end() && next->first < r) ++next;
+      if (next != stored.end() && next->first == r) continue;
+      ChunkJob j;
+      j.index = chunk_index(L.z, r);
+      note(L.name + " chunk " + zarr::chunk_key(L.z, j.index) +
+           " is missing (restore with fill_missing_chunks reads it as the fill value)");
+      ++named;
+    }
+    *uncounted += missing - named;
   }
   return Status::OK();
 }
@@ -466,8 +475,8 @@ Status restore_zarr(Storage& storage, const std::string& step_dir, int64_t step,
   ProgressReport progress(options.on_progress, to_read);
   ZarrConsumer consumer(storage, step, leaves, jobs, keys, progress, /*verify=*/false, options.prefault);
   for (ChunkJob& j : missing)
-    consumer.crew().submit([&consumer, &j](zarr::ChunkDecoder& d, std::vector<std::byte>& s) {
-      return consumer.decode(j, d, s);
+    consumer.crew().submit([&consumer, &j](zarr::ChunkDecoder& d, std::vector<std::byte>& s, bool skip) {
+      return skip ? Status::OK() : consumer.decode(j, d, s);
     });
   ReadExecutorLimits el;
   el.batch_bytes = kBatchBytes;
@@ -504,19 +513,17 @@ Status verify_zarr(Storage& storage, const std::string& step_dir, const Index& i
       L.targets.push_back(Box::whole(rec.shape));
       leaves.push_back(std::move(L));
     }
-  std::vector<ChunkJob> jobs, missing;
-  std::vector<std::string> keys;
+  std::vector<ChunkJob> jobs;
+  std::vector<std::string> keys, planned;
   std::vector<ExecRead> reads;
-  CKPTIO_RETURN_IF_ERROR(plan_chunks(leaves, step_dir, &jobs, &missing, &keys, &reads));
-  // Decode only: no chunk is copied anywhere.
-  for (ChunkJob& j : jobs) j.targets.clear();
+  uint64_t uncounted = 0;
+  CKPTIO_RETURN_IF_ERROR(plan_verify(leaves, step_dir, &jobs, &keys, &reads, &planned, &uncounted));
   uint64_t to_read = 0;
   for (const ExecRead& r : reads) to_read += r.length;
   ProgressReport progress(on_progress, to_read);
   ZarrConsumer consumer(storage, index.step, leaves, jobs, keys, progress, /*verify=*/true);
-  for (const ChunkJob& j : missing)
-    consumer.note(leaves[j.leaf].name + " chunk " + zarr::chunk_key(leaves[j.leaf].z, j.index) +
-                  " is missing (restore with fill_missing_chunks reads it as the fill value)");
+  for (std::string& p : planned) consumer.note(std::move(p));
+  consumer.note_more(uncounted);
   ReadExecutorLimits el;
   el.batch_bytes = kBatchBytes;
   Status st = execute_reads(storage, keys, &reads, consumer, el, "verify step " + std::to_string(index.step));

@@ -99,6 +99,17 @@ Status inflate_into(z_stream* z, bool gzip, std::span<const std::byte> src, std:
   }
 }
 
+const char* codec_name(CodecId id) {
+  switch (id) {
+    case CodecId::kNone: return "uncompressed";
+    case CodecId::kZstd: return "zstd";
+    case CodecId::kBlosc: return "blosc";
+    case CodecId::kZlib: return "zlib";
+    case CodecId::kGzip: return "gzip";
+  }
+  return "zarr";
+}
+
 }  // namespace
 
 // ---- ChunkDecoder -------------------------------------------------------------
@@ -116,16 +127,51 @@ struct ChunkDecoder::Contexts {
 ChunkDecoder::ChunkDecoder() : ctx_(std::make_unique<Contexts>()) {}
 ChunkDecoder::~ChunkDecoder() = default;
 
+Status check_stored_size(const Compressor& c, uint64_t stored, uint64_t decoded) {
+  const char* codec = codec_name(c.id);
+  if (c.id == CodecId::kNone) {
+    if (stored != decoded) return bad(codec, "holds " + n_bytes(stored) + ", expected " + n_bytes(decoded));
+    return Status::OK();
+  }
+  // The worst expansion of any codec here: zstd's ZSTD_compressBound (n/256
+  // + 64 bytes for small inputs), blosc's 16-byte header over memcpy'd
+  // blocks, deflate's stored blocks (5 bytes per 64 KiB) and gzip's header
+  // and trailer; n/128 and 64 KiB cover all of them.
+  const uint64_t most = decoded + decoded / 128 + (64u << 10);
+  if (stored > most)
+    return bad(codec, n_bytes(stored) + " stored, more than any encoding of the " + n_bytes(decoded) + " expected");
+  // The best ratio: a zstd block of at most 128 KiB takes 4 bytes or more
+  // (an RLE block; deflate's best is 1032:1, blosc's inner codecs no better).
+  if (stored < decoded / 32768)
+    return bad(codec, n_bytes(stored) + " stored cannot decode into the " + n_bytes(decoded) + " expected");
+  return Status::OK();
+}
+
+Status check_chunk(const Compressor& c, std::span<const std::byte> src, uint64_t decoded) {
+  CKPTIO_RETURN_IF_ERROR(check_stored_size(c, src.size(), decoded));
+  if (c.id == CodecId::kZstd) return zstd_check_sizes(src, decoded);
+  if (c.id != CodecId::kBlosc) return Status::OK();
+  if (src.size() < BLOSC_MIN_HEADER_LENGTH) return bad("blosc", n_bytes(src.size()) + ", shorter than a blosc header");
+  size_t nbytes = 0, cbytes = 0, blocksize = 0;
+  blosc_cbuffer_sizes(src.data(), &nbytes, &cbytes, &blocksize);
+  if (cbytes != src.size())
+    return bad("blosc", "its header says " + n_bytes(cbytes) + " compressed, the chunk holds " + n_bytes(src.size()));
+  if (nbytes != decoded)
+    return bad("blosc", "its header declares " + n_bytes(nbytes) + ", expected " + n_bytes(decoded));
+  size_t valid_nbytes = 0;
+  if (blosc_cbuffer_validate(src.data(), src.size(), &valid_nbytes) != 0 || valid_nbytes != decoded)
+    return bad("blosc", "invalid header");
+  return Status::OK();
+}
+
 Status ChunkDecoder::decode(const Compressor& c, std::span<const std::byte> src, std::span<std::byte> dst) {
+  CKPTIO_RETURN_IF_ERROR(check_chunk(c, src, dst.size()));
   switch (c.id) {
     case CodecId::kNone:
-      if (src.size() != dst.size())
-        return bad("uncompressed", "holds " + n_bytes(src.size()) + ", expected " + n_bytes(dst.size()));
       if (!dst.empty()) std::memcpy(dst.data(), src.data(), dst.size());
       return Status::OK();
 
     case CodecId::kZstd: {
-      if (Status s = zstd_check_sizes(src, dst.size()); !s.ok()) return s;
       if (!ctx_->zstd && !(ctx_->zstd = ZSTD_createDCtx()))
         return Status(Code::kInternal, "zstd: cannot create a context");
       const size_t r = ZSTD_decompressDCtx(ctx_->zstd, dst.data(), dst.size(), src.data(), src.size());
@@ -139,18 +185,6 @@ Status ChunkDecoder::decode(const Compressor& c, std::span<const std::byte> src,
     }
 
     case CodecId::kBlosc: {
-      if (src.size() < BLOSC_MIN_HEADER_LENGTH)
-        return bad("blosc", n_bytes(src.size()) + ", shorter than a blosc header");
-      size_t nbytes = 0, cbytes = 0, blocksize = 0;
-      blosc_cbuffer_sizes(src.data(), &nbytes, &cbytes, &blocksize);
-      if (cbytes != src.size())
-        return bad("blosc", "its header says " + n_bytes(cbytes) + " compressed, the chunk holds " +
-                                n_bytes(src.size()));
-      if (nbytes != dst.size())
-        return bad("blosc", "its header declares " + n_bytes(nbytes) + ", expected " + n_bytes(dst.size()));
-      size_t valid_nbytes = 0;
-      if (blosc_cbuffer_validate(src.data(), src.size(), &valid_nbytes) != 0 || valid_nbytes != dst.size())
-        return bad("blosc", "invalid header");
       if (dst.empty()) return Status::OK();
       const int r = blosc_decompress_ctx(src.data(), dst.data(), dst.size(), 1);
       if (r <= 0 || static_cast<size_t>(r) != dst.size())

@@ -69,6 +69,18 @@ class ChunkEncoder {
 // ZSTD_compressBound; n for none); kInvalidArgument when zstd cannot bound it.
 Result<size_t> encoded_bound(const Compressor& c, size_t n);
 
+// Whether `stored` bytes can be a chunk of `decoded` bytes with `c`, from
+// the sizes alone: none stores exactly `decoded`; the others at most any
+// codec's worst expansion, and at least 1/32768 of it (zstd's best ratio).
+// kDataLoss otherwise. For a caller to check a listed chunk before it
+// allocates for reading it (a sparse terabyte file) or for decoding it (a
+// few bytes claiming gigabytes).
+Status check_stored_size(const Compressor& c, uint64_t stored, uint64_t decoded);
+// check_stored_size, then what the chunk's headers declare (zstd frames'
+// content sizes, blosc's header): every check decode() makes before it
+// writes a byte, for a caller to make before it allocates `decoded` bytes.
+Status check_chunk(const Compressor& c, std::span<const std::byte> src, uint64_t decoded);
+
 Status decode_chunk(const Compressor& c, std::span<const std::byte> src, std::span<std::byte> dst);
 Status encode_chunk(const Compressor& c, std::span<const std::byte> src, std::vector<std::byte>* out);
 

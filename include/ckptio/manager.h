@@ -215,7 +215,7 @@ class SaveHandle {
   Status wait() const;           // until committed or failed
   bool released() const;         // borrow mode: caller buffers no longer read
   void wait_released() const;
-  SaveStats stats() const;       // final once done()
+  SaveStats stats() const;       // final once done(); empty in a fork()ed child
   // The save's progress so far (see SaveProgress): from any thread at any
   // time, without a lock or a request to the storage; a progress bar polls it.
   SaveProgress progress() const;

@@ -41,6 +41,7 @@ void SaveHandle::wait_released() const {
   s_->cv.wait(lock, [&] { return s_->released; });
 }
 SaveStats SaveHandle::stats() const {
+  if (forked_from(*s_)) return {};  // the lock may have been held at the fork
   std::lock_guard lock(s_->mu);
   return s_->stats;
 }

@@ -339,6 +339,9 @@ def writable_view(obj, kind, name):
             return t.view(torch.int16).numpy().view(np.uint16)
         return t.numpy()
     if kind == ARRAY and isinstance(obj, np.ndarray):
+        if not obj.dtype.isnative:  # its dtype name is the native one's: the bytes would land unswapped
+            raise errors.InvalidArgument(f"into '{name}': the array's byte order ({obj.dtype.str}) is not this "
+                                         f"machine's; restore into a native-order array")
         if isinstance(obj, RawArray) or obj.dtype.name in RAW_CARRIERS:
             return obj.view(np.uint16 if obj.dtype.itemsize == 2 else np.uint8)
         return obj

@@ -423,6 +423,9 @@ def save_entry(obj, prefix, path, borrow):
             continue
         where = f"{name} shard {i}"
         kind = _leaves.leaf_kind(s.data)
+        if kind == _leaves.SHARDS and not getattr(type(s.data), "_ckptio_shards", False) \
+                and hasattr(s.data, "__array__"):
+            kind = _leaves.ARRAY  # jax's Shard.data: an array on one device, which has shards of its own
         if kind is None or kind == _leaves.SHARDS:
             raise errors.InvalidArgument(f"leaf '{where}': a {type(s.data).__name__} is not an array")
         dtype, a = _leaves.leaf_bytes(s.data, kind, where, borrow)

@@ -82,6 +82,7 @@ class SaveHandle:
 
     def __init__(self, c_handle, notifier, borrowed, on_commit):
         self._c = c_handle
+        self._pid = os.getpid()
         self._step = c_handle.step
         self._notifier = notifier
         self._borrowed = borrowed  # borrow mode: the arrays, alive until the save is done
@@ -107,8 +108,10 @@ class SaveHandle:
     def wait(self, timeout=None):
         """Waits until the save committed (returns its SaveStats) or failed
         (raises its ckptio.Error). TimeoutError after `timeout` seconds."""
-        if self._notifier.is_current_thread():
-            # From a callback: the callbacks' thread cannot wait for itself.
+        if self._notifier.is_current_thread() or os.getpid() != self._pid:
+            # From a callback: the callbacks' thread cannot wait for itself. In
+            # a fork()ed child no callbacks' thread exists: the library's handle
+            # raises FailedPrecondition there at once.
             self._c.wait()
             return self.stats
         if not self._event.wait(timeout):
@@ -202,12 +205,17 @@ class _Notifier:
 
     def submit(self, handle):
         with self._cv:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ckptio-callbacks", daemon=True)
-                self._thread.start()
-            self._queue.append(handle)
-            self._pending += 1
-            self._cv.notify_all()
+            if not self._stopped:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="ckptio-callbacks", daemon=True)
+                    self._thread.start()
+                self._queue.append(handle)
+                self._pending += 1
+                self._cv.notify_all()
+                return
+        # A save() that raced close(): the manager's close waited for the save
+        # to return and to finish, and this thread is gone; complete it here.
+        handle._complete()
 
     def drain(self):
         """Waits until every handle submitted so far is complete (not from the thread itself)."""
@@ -514,12 +522,25 @@ class CheckpointManager:
             like_tree = _tree.flatten(template, prefix, on_like, _leaves.leaf_kind)
         into_list, into_objs = [], {}
         if into is not None:
+            into_specs = {}
+
             def on_into(pfx, path, obj, kind):
                 view = _leaves.writable_view(obj, kind, f"{pfx}/{path}")
                 into_list.append((pfx, path, view))
                 into_objs[(pfx, path)] = obj
+                into_specs[(pfx, path)] = _leaves.leaf_spec(obj, kind, f"{pfx}/{path}")
 
             _tree.flatten(into, prefix, on_into, _leaves.leaf_kind)
+            # The library fills `into` with the bytes of the dtype `like` asks
+            # for: an into leaf of another dtype or shape would get them raw.
+            if like is not None:
+                differ = [f"{pfx}/{path}: like {dtype}{tuple(shape)}, into {into_specs[(pfx, path)][0]}"
+                          f"{tuple(into_specs[(pfx, path)][1])}"
+                          for pfx, path, dtype, shape in expected
+                          if (pfx, path) in into_specs
+                          and (into_specs[(pfx, path)][0], tuple(into_specs[(pfx, path)][1])) != (dtype, tuple(shape))]
+                if differ:
+                    raise errors.InvalidArgument("restore: like= and into= disagree: " + "; ".join(differ))
         r = self._c.restore(None if step is None else int(step), prefixes, regex, expected, bool(allow_cast),
                             _dtype_name(float_dtype), into_list, bool(verify), sharding_opts)
         restored = {(leaf[0], leaf[1]): leaf[2:] for leaf in r["leaves"]}

@@ -12,10 +12,13 @@
 // Closing: close() takes the manager out of the object and destroys it with
 // the GIL released (the destructor waits for every save). A call running in
 // another thread at that moment holds its own reference and finishes first.
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 
@@ -205,17 +208,36 @@ class PyManager {
   }
 
   // Each call holds its own reference, so that close() in another thread
-  // cannot pull the manager from under it.
-  std::shared_ptr<CheckpointManager> get() const {
+  // cannot pull the manager from under it, and counts as in flight until it
+  // returns: close() waits for those calls before it drops the manager.
+  // Else a call's reference could be the last one, dropped as the call
+  // returns with the GIL held, and the destructor's wait for every save would
+  // run with the GIL (a deadlock when a save's barrier needs it), after a
+  // close() that had returned before the save it raced was even queued.
+  std::shared_ptr<CheckpointManager> get() {
+    std::lock_guard lock(calls_mu_);
     if (!m_) throw StatusError(Status(Code::kFailedPrecondition, "the checkpoint manager is closed"));
-    return m_;
+    callers_.insert(std::this_thread::get_id());
+    auto call = std::make_shared<Call>(this, m_);
+    return std::shared_ptr<CheckpointManager>(call, call->m.get());  // the call ends with its last copy
   }
 
   bool closed() const { return m_ == nullptr; }
 
   void close() {
-    std::shared_ptr<CheckpointManager> m = std::move(m_);
+    std::shared_ptr<CheckpointManager> m;
+    {
+      std::lock_guard lock(calls_mu_);
+      if (callers_.count(std::this_thread::get_id()))
+        throw StatusError(Status(Code::kFailedPrecondition,
+                                 "close() from inside a call of the same checkpoint manager (a progress callback?)"));
+      m = std::move(m_);
+    }
     py::gil_scoped_release nogil;
+    {
+      std::unique_lock lock(calls_mu_);
+      calls_done_.wait(lock, [&] { return callers_.empty(); });
+    }
     m.reset();  // the destructor waits for every save
   }
 
@@ -425,7 +447,25 @@ class PyManager {
     throw_if_error(s);
   }
 
+  // One call in flight: drops its reference, then leaves callers_.
+  struct Call {
+    Call(PyManager* owner, std::shared_ptr<CheckpointManager> manager)
+        : p(owner), m(std::move(manager)), thread(std::this_thread::get_id()) {}
+    ~Call() {
+      m.reset();  // never the last reference: close() keeps its own until callers_ is empty
+      std::lock_guard lock(p->calls_mu_);
+      p->callers_.erase(p->callers_.find(thread));
+      if (p->callers_.empty()) p->calls_done_.notify_all();
+    }
+    PyManager* p;
+    std::shared_ptr<CheckpointManager> m;
+    std::thread::id thread;
+  };
+
   std::shared_ptr<CheckpointManager> m_;
+  std::mutex calls_mu_;
+  std::condition_variable calls_done_;
+  std::multiset<std::thread::id> callers_;  // the threads of the calls in flight
 };
 
 }  // namespace

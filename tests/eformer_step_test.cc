@@ -20,10 +20,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -279,6 +282,56 @@ TEST_P(EformerStepTest, AMissingChunkIsAnErrorUnlessFilled) {
   for (int64_t i = 16; i < 32; ++i)
     for (int64_t j = 16; j < 30; ++j) std::memset(&want[(i * 30 + j) * 4], 0, 4);
   EXPECT_TRUE(bytes_of(f->leaves[0].data) == want);
+}
+
+// Sizes no encoding has are refused from the sizes alone, before anything is
+// allocated for them: a .zarray whose chunk is 8 GiB where a few hundred
+// stored bytes would have to decode into it (the decoder's scratch once grew
+// to it first), a chunk file of a terabyte (local disk: sparse; a buffer of
+// its size was once taken to read it), and a grid of 2^60 chunks that verify
+// once walked one by one.
+TEST_P(EformerStepTest, SizesNoEncodingHasAreRefusedBeforeAnythingIsAllocated) {
+  auto m = manager();
+  RestoreOptions o;
+  o.select.path_regex = "^nu$";
+  auto edit = [&](const std::string& key, auto&& change) {
+    auto text = base_->get(key, 1 << 20);
+    ASSERT_TRUE(text.ok()) << text.status().to_string();
+    nlohmann::json j = nlohmann::json::parse(*text);
+    change(j);
+    const std::string out = j.dump();
+    ASSERT_TRUE(base_->put(key, std::as_bytes(std::span(out.data(), out.size()))).ok());
+  };
+  if (GetParam() == Backend::kLocal) {  // the original .zarray, a 1 TiB chunk 0/0
+    fs::resize_file(dir_ / "run-200/tx/nu/0/0", uint64_t{1} << 40);
+    auto r = m->restore(200, o);
+    EXPECT_EQ(r.status().code(), Code::kDataLoss) << r.status().to_string();
+    EXPECT_NE(r.status().message().find("more than any encoding"), std::string::npos) << r.status().to_string();
+    EXPECT_NE(m->verify(200).message().find("more than any encoding"), std::string::npos);
+  }
+  // One chunk of 65536 x 65536 uint16 (8 GiB), stored as the few hundred
+  // bytes of the old chunk 0/0 (the others removed).
+  for (const std::string& k : keys_)
+    if (k.rfind("run-200/tx/nu/", 0) == 0 && k != "run-200/tx/nu/.zarray") ASSERT_TRUE(base_->remove(k).ok()) << k;
+  const std::string tiny(300, '\x01');
+  ASSERT_TRUE(base_->put("run-200/tx/nu/0/0", std::as_bytes(std::span(tiny.data(), tiny.size()))).ok());
+  edit("run-200/tx/nu/.zarray", [](nlohmann::json& j) { j["chunks"] = {65536, 65536}; });
+  auto r = m->restore(200, o);
+  EXPECT_EQ(r.status().code(), Code::kDataLoss) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("cannot decode into"), std::string::npos) << r.status().to_string();
+  EXPECT_NE(m->verify(200).message().find("cannot decode into"), std::string::npos);
+  // 2^58 x 11 elements in chunks of 4 x 4: verify counts the missing chunks.
+  edit("run-200/tx/nu/.zarray", [](nlohmann::json& j) {
+    j["chunks"] = {4, 4};
+    j["shape"] = {int64_t{1} << 58, 11};
+  });
+  edit("run-200/tensorstore_index.json", [](nlohmann::json& j) {
+    for (auto& a : j["prefixes"]["tx"])
+      if (a["path"] == "tx/nu") a["shape"] = {int64_t{1} << 58, 11};
+  });
+  Status v = m->verify(200);
+  EXPECT_FALSE(v.ok());
+  EXPECT_NE(v.message().find("is missing"), std::string::npos) << v.to_string();
 }
 
 TEST_P(EformerStepTest, VerifyDecodesEveryChunkAndRestoreLatestPassesADamagedStep) {
@@ -645,6 +698,87 @@ TEST_P(EformerStepTest, RetentionRetiresAStepBeforeRemovingItsChunks) {
   auto r = m.restore(std::nullopt);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->step, 2);
+}
+
+// Leaves an eformer save once refused: shards listed with the cut edge shard
+// first (a mesh's devices in another order), shards off any one grid (saved
+// as one chunk), and a leaf of size 0 (zarr's chunks are at least 1).
+TEST_P(EformerStepTest, SavesShardsInAnyOrderOffAGridAndEmptyLeaves) {
+  ManagerOptions o;
+  o.layout = "eformer";
+  o.step_format = "odd-{step}";
+  auto m = manager(o);
+  std::vector<float> w(10);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) + 0.25f;
+  auto shards_of = [&](std::vector<std::pair<int64_t, int64_t>> cuts) {
+    LeafView v{"model", "", DType::kFloat32, {10}, {}};
+    for (auto [a, b] : cuts) v.shards.push_back(ShardView{Box{{a}, {b}}, w.data() + a});
+    return v;
+  };
+  LeafView edge_first = shards_of({{9, 10}, {0, 3}, {3, 6}, {6, 9}});
+  edge_first.path = "edge_first";
+  LeafView off_grid = shards_of({{4, 10}, {0, 4}});
+  off_grid.path = "off_grid";
+  LeafView empty{"model", "empty", DType::kFloat32, {0, 3}, {}};
+  auto h = m->save(1, {edge_first, off_grid, empty});
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+  auto z = base_->get("odd-1/model/edge_first/.zarray", 1 << 20);
+  ASSERT_TRUE(z.ok()) << z.status().to_string();
+  EXPECT_NE(z->find("\"chunks\":[3]"), std::string::npos) << *z;
+  z = base_->get("odd-1/model/off_grid/.zarray", 1 << 20);
+  ASSERT_TRUE(z.ok()) << z.status().to_string();
+  EXPECT_NE(z->find("\"chunks\":[10]"), std::string::npos) << *z;
+  EXPECT_TRUE(m->verify(1).ok());
+  auto r = m->restore(1);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->leaves.size(), 3u);
+  for (const Tensor& t : r->leaves) {
+    if (t.path == "empty") {
+      EXPECT_EQ(t.shape, (Shape{0, 3}));
+      continue;
+    }
+    ASSERT_EQ(t.data.size(), 40u) << t.path;
+    EXPECT_EQ(std::memcmp(t.data.data(), w.data(), 40), 0) << t.path;
+  }
+}
+
+// gc() with no minimum age spares the saves in flight in its own manager: an
+// eformer save's stage directory too (its writer once drew an attempt id of
+// its own, not the one gc spares, and gc removed the .zarray files of a save
+// that then committed without them).
+TEST_P(EformerStepTest, GcSparesAnEformerSaveInFlight) {
+  auto faults = make_fault_storage(base_);
+  std::promise<void> reached, go;
+  std::shared_future<void> go_f = go.get_future().share();
+  std::atomic<bool> armed{true};
+  faults->set_hook([&](FaultOp op, const std::string& key) {
+    if ((op == FaultOp::kCreate || op == FaultOp::kPut) && key.find("/model/") != std::string::npos &&
+        armed.exchange(false)) {
+      reached.set_value();
+      go_f.wait();  // the save's first array write holds here
+    }
+  });
+  ManagerOptions o;
+  o.layout = "eformer";
+  o.step_format = "gc-{step}";
+  CheckpointManager m(faults, o);
+  std::vector<float> w(64, 2.5f);
+  std::vector<LeafView> state = {LeafView::full("model", "dense.kernel", DType::kFloat32, {8, 8}, w.data())};
+  auto h = m.save(1, state);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  const bool held = reached.get_future().wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  Status gc = held ? m.gc({}) : Status::OK();
+  go.set_value();
+  ASSERT_TRUE(held) << "the save never wrote an array";
+  EXPECT_TRUE(gc.ok()) << gc.to_string();
+  ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+  faults->set_hook(nullptr);
+  EXPECT_EQ(m.all_steps().value(), std::vector<int64_t>{1});
+  auto r = m.restore(1);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->leaves.size(), 1u);
+  EXPECT_EQ(std::memcmp(r->leaves[0].data.data(), w.data(), w.size() * 4), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, EformerStepTest, testutil::all_backends(), testutil::backend_name);

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -405,6 +406,88 @@ TEST_P(ManagerTest, ExistingStepNeedsOverwriteWhichIsAtomic) {
   EXPECT_TRUE(m->verify(3).ok());
 }
 
+// Retention after a commit never retires a step a restore has begun to read:
+// restore-latest here has listed step 1 and is reading its index when step 2
+// commits with max_to_keep = 1. The restore marked step 1 before reading its
+// index, so retention leaves it (it once renamed it away under the restore,
+// which then reported it damaged).
+TEST_P(ManagerTest, RetentionLeavesAStepWhoseRestoreHasBegun) {
+  auto m = manager({.max_to_keep = 1});
+  auto s1 = sample_state(31), s2 = sample_state(32);
+  ASSERT_TRUE(m->save(1, views(s1)).value().wait().ok());
+  std::promise<void> reached, go;
+  std::shared_future<void> go_f = go.get_future().share();
+  std::atomic<bool> armed{true};
+  faults_->set_hook([&](FaultOp op, const std::string& key) {
+    if ((op == FaultOp::kGet || op == FaultOp::kRead) && key == "run-1/ckptio_index.json" && armed.exchange(false)) {
+      reached.set_value();
+      go_f.wait();
+    }
+  });
+  auto restoring = std::async(std::launch::async, [&] { return m->restore(std::nullopt); });
+  const bool held = reached.get_future().wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  Status saved = held ? m->save(2, views(s2)).value().wait() : Status::OK();
+  go.set_value();
+  auto r = restoring.get();
+  faults_->set_hook(nullptr);
+  ASSERT_TRUE(held) << "the restore never read step 1's index";
+  ASSERT_TRUE(saved.ok()) << saved.to_string();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->step, 1);
+  expect_restored(*r, s1);
+  ASSERT_TRUE(m->apply_retention(1, 0).ok());  // not under a reader any more: retired now
+  EXPECT_EQ(m->all_steps().value(), std::vector<int64_t>{2});
+}
+
+// The fsync of the base after the commit's rename fails (EIO): the step is
+// reported failed, so it must not stay discoverable (it would be restored,
+// and saving it again refused), and an overwrite that fails so gives the
+// replaced step back. Object stores commit with the index PUT instead
+// (FailedSaveLeavesPreviousLatestIntactAndNoGarbageAfterGc).
+TEST_P(ManagerTest, AFailedFsyncAfterTheCommitRenameTakesTheStepBack) {
+  if (!base_->caps().atomic_rename) return;
+  auto m = manager();
+  auto s1 = sample_state(21), s2 = sample_state(22), s3 = sample_state(23);
+  ASSERT_TRUE(m->save(1, views(s1)).value().wait().ok());
+  // Once an attempt is renamed to its final name (the first rename of a
+  // stage: an overwrite tries RENAME_NOREPLACE first), the next sync fails.
+  std::atomic<bool> armed{false};
+  auto fail_sync_after_commit_rename = [&] {
+    armed = true;
+    faults_->set_hook([this, &armed](FaultOp op, const std::string& key) {
+      if (op == FaultOp::kRename && key.find(".tmp-") != std::string::npos && armed.exchange(false))
+        faults_->add_rule(FaultRule{.op = FaultOp::kSync, .code = Code::kIOError, .times = 1});
+    });
+  };
+  auto healed = [&] {
+    faults_->set_hook(nullptr);
+    faults_->clear_rules();
+  };
+  fail_sync_after_commit_rename();
+  Status st = m->save(2, views(s2)).value().wait();
+  healed();
+  EXPECT_EQ(st.code(), Code::kIOError) << st.to_string();
+  EXPECT_NE(st.message().find("moved back"), std::string::npos) << st.to_string();
+  EXPECT_EQ(m->latest_step().value().value_or(-1), 1);
+  EXPECT_EQ(m->all_steps().value(), std::vector<int64_t>{1});
+  EXPECT_EQ(base_->stat("run-2/ckptio_index.json").status().code(), Code::kNotFound);
+  ASSERT_TRUE(m->save(2, views(s2)).value().wait().ok());  // not "already exists"
+
+  fail_sync_after_commit_rename();
+  st = m->save(2, views(s3), {.overwrite = true}).value().wait();
+  healed();
+  EXPECT_EQ(st.code(), Code::kIOError) << st.to_string();
+  EXPECT_NE(st.message().find("moved back"), std::string::npos) << st.to_string();
+  auto r = m->restore(2);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  expect_restored(*r, s2);
+  ASSERT_TRUE(m->gc().ok());
+  auto listed = base_->list("", false);
+  ASSERT_TRUE(listed.ok());
+  for (const auto& o : listed->objects)
+    EXPECT_TRUE(o.key.rfind("run-1/", 0) == 0 || o.key.rfind("run-2/", 0) == 0) << o.key;
+}
+
 // Two writers of one step (two jobs pointed at one base by mistake): the
 // second one's checks saw no step 3 (its stat()s of the index answer "not
 // found", as they would have before the first writer committed), yet its
@@ -506,6 +589,7 @@ TEST(ForkedManager, EveryCallInAForkedChildFailsAtOnceAndDestroyingItReturns) {
       _exit(20);
     if (!in_flight->done() || !in_flight->released()) _exit(21);
     in_flight->wait_released();
+    if (in_flight->stats().bytes != 0) _exit(22);  // no lock of the parent's taken: empty here
     if (auto h = m->save(2, v); h.ok() || !refused(h.status())) _exit(10);
     if (auto s = m->all_steps(); s.ok() || !refused(s.status())) _exit(11);
     if (auto r = m->restore(std::nullopt); r.ok() || !refused(r.status())) _exit(12);
@@ -1324,6 +1408,21 @@ TEST_P(ManagerTest, StepFormatFollowsOption) {
   EXPECT_EQ(m->latest_step().value().value_or(-1), 42);
   auto other = manager();  // run-{step}: does not see "42"
   EXPECT_FALSE(other->latest_step().value().has_value());
+}
+
+// Every step save() takes is one discovery finds: steps of 19 digits (ids
+// taken from a clock in nanoseconds are ~1.7e18) up to INT64_MAX included.
+TEST_P(ManagerTest, NineteenDigitStepsAreDiscovered) {
+  auto m = manager();
+  auto state = sample_state(16);
+  const int64_t big = 1'700'000'000'000'000'000, most = std::numeric_limits<int64_t>::max();
+  ASSERT_TRUE(m->save(big, views(state)).value().wait().ok());
+  EXPECT_EQ(m->latest_step().value().value_or(-1), big);
+  ASSERT_TRUE(m->save(most, views(state)).value().wait().ok());
+  EXPECT_EQ(m->all_steps().value(), (std::vector<int64_t>{big, most}));
+  auto r = m->restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->step, most);
 }
 
 TEST_P(ManagerTest, InvalidInputIsRefusedAtOnce) {

@@ -9,6 +9,7 @@
 #include <zstd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -28,6 +30,7 @@
 #include "src/layout/zarr/chunk_grid.h"
 #include "src/layout/zarr/eformer_index.h"
 #include "src/layout/zarr/zarray.h"
+#include "src/restore/decode_crew.h"
 #include "src/util/box_runs.h"
 
 namespace ckptio::zarr {
@@ -733,6 +736,40 @@ TEST(ChunkCodec, DecodersRunOnSeveralThreadsAtOnce) {
 }
 
 // ---- eformer's index and metadata ------------------------------------------------
+
+// After a task fails, every task still queued is called with skip = true (a
+// restore's tasks give their compressed buffers back there; dropped unrun,
+// they left the reader waiting for bytes that never drained) and wait()
+// returns the first error.
+TEST(DecodeCrewTest, TasksAfterAnErrorAreCalledToSkip) {
+  DecodeCrew crew(1);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool go = false;
+  std::vector<int> skipped, ran;
+  crew.submit([&](ChunkDecoder&, std::vector<std::byte>&, bool skip) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return go; });  // the rest queue up behind it
+    (skip ? skipped : ran).push_back(0);
+    return Status(Code::kDataLoss, "chunk 0 is damaged");
+  });
+  for (int i = 1; i <= 4; ++i)
+    crew.submit([&, i](ChunkDecoder&, std::vector<std::byte>&, bool skip) {
+      std::lock_guard lock(mu);
+      (skip ? skipped : ran).push_back(i);
+      return Status::OK();
+    });
+  {
+    std::lock_guard lock(mu);
+    go = true;
+  }
+  cv.notify_all();
+  Status st = crew.wait();
+  EXPECT_EQ(st.code(), Code::kDataLoss) << st.to_string();
+  std::lock_guard lock(mu);
+  EXPECT_EQ(ran, std::vector<int>{0});
+  EXPECT_EQ(skipped, (std::vector<int>{1, 2, 3, 4}));
+}
 
 TEST(EformerIndex, PathsStayInsideTheStep) {
   EXPECT_TRUE(check_array_path("model/layers/0/kernel").ok());

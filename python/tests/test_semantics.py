@@ -233,3 +233,107 @@ def test_a_manager_in_a_forked_child_raises(ckpt_dir):
         _, status = os.waitpid(pid, 0)
         assert os.WEXITSTATUS(status) == 0
         assert mgr.latest_step() == 1
+
+
+def test_a_handle_waited_on_in_a_forked_child_raises(ckpt_dir):
+    """A save still in flight at fork(): in the child, its handle's wait()
+    raises FailedPrecondition at once (no callbacks' thread there to finish it)."""
+    import threading
+    gate, entered = threading.Event(), threading.Event()
+
+    def on_commit(event):
+        entered.set()
+        gate.wait(30)  # holds the parent's callbacks' thread: the handle stays not done
+
+    with ckptio.CheckpointManager(ckpt_dir, on_commit=on_commit) as mgr:
+        h = mgr.save(1, {"m": {"w": np.ones(8)}})
+        assert entered.wait(30)
+        pid = os.fork()
+        if pid == 0:
+            code = 3
+            try:
+                h.wait(timeout=10)
+            except ckptio.FailedPrecondition:
+                code = 0
+            except TimeoutError:
+                code = 5
+            except BaseException:
+                code = 4
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        gate.set()
+        assert os.WEXITSTATUS(status) == 0, "the child's wait() did not raise FailedPrecondition"
+        h.wait()
+
+
+def test_into_arrays_of_another_byte_order_or_dtype_are_refused(ckpt_dir):
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        mgr.save(1, {"m": {"w": np.arange(4, dtype=np.float32)}}).wait()
+        with pytest.raises(ckptio.InvalidArgument, match="byte order"):
+            mgr.restore(1, into={"m": {"w": np.zeros(4, ">f4")}})
+        with pytest.raises(ckptio.InvalidArgument, match="like= and into= disagree"):
+            mgr.restore(1, like={"m": {"w": np.zeros(4, np.float32)}}, into={"m": {"w": np.zeros(4, np.int32)}})
+        got = np.zeros(4, np.float32)
+        mgr.restore(1, like={"m": {"w": np.zeros(4, np.float32)}}, into={"m": {"w": got}})
+        np.testing.assert_array_equal(got, np.arange(4, dtype=np.float32))
+
+
+def test_a_save_that_races_close_is_completed(ckpt_dir):
+    """close() from another thread while save() is inside the library: close
+    waits for that call, and the handle still completes (it was once queued
+    behind the callbacks' thread's end and never finished)."""
+    import threading
+    mgr = ckptio.CheckpointManager(ckpt_dir)
+    real = mgr._c
+    entered, go, out = threading.Event(), threading.Event(), []
+
+    class Slow:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def save(self, *args):
+            h = real.save(*args)
+            entered.set()
+            go.wait(30)  # close() runs meanwhile
+            return h
+
+    mgr._c = Slow()
+    t = threading.Thread(target=lambda: out.append(mgr.save(1, {"m": {"w": np.ones(4)}})))
+    t.start()
+    assert entered.wait(30)
+    closer = threading.Thread(target=mgr.close)
+    closer.start()
+    closer.join(30)  # closed (its callbacks' thread gone) before save() returns
+    go.set()
+    t.join(30)
+    assert not closer.is_alive() and out, "close() or save() did not return"
+    out[0].wait(timeout=30)
+    assert out[0].done()
+
+
+def test_close_waits_for_a_call_in_flight_in_another_thread(ckpt_dir):
+    """close() while another thread restores: close returns only after the
+    restore did (the library's manager is freed by close, without the GIL,
+    never by the restore's end), and the restore completes."""
+    import threading
+    import time
+    w = np.arange(32 << 20, dtype=np.float64)  # 256 MiB: a restore of a few tenths of a second
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        mgr.save(1, {"m": {"w": w}}).wait()
+    mgr = ckptio.CheckpointManager(ckpt_dir)
+    done = {}
+
+    def restore():
+        out = mgr.restore(1)
+        done["restore"] = time.monotonic()
+        done["ok"] = bool(np.array_equal(out["m"]["w"], w))
+
+    t = threading.Thread(target=restore)
+    t.start()
+    time.sleep(0.05)  # inside the library's restore by now
+    mgr.close()
+    done["close"] = time.monotonic()
+    t.join(60)
+    assert done.get("ok"), done
+    # (50 ms for the restore's Python side after the library returned)
+    assert done["close"] >= done["restore"] - 0.05, "close() returned while a restore was still running"

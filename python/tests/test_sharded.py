@@ -64,6 +64,19 @@ class FakeShard:
         self.device, self.index, self.replica_id, self.data = device, index, replica_id, data
 
 
+class FakeDeviceArray:
+    """What jax.Shard.data is: a jax.Array on one device, which has shards
+    (itself), a shape and a dtype like any jax.Array, and reads through
+    __array__."""
+    def __init__(self, data):
+        self._data = data
+        self.shape, self.dtype = data.shape, data.dtype
+        self.addressable_shards = [FakeShard(FakeDevice(0), tuple(slice(None) for _ in data.shape), 0, self)]
+
+    def __array__(self, dtype=None, copy=None):
+        return self._data if dtype is None else self._data.astype(dtype)
+
+
 class FakeNamedSharding:
     def __init__(self, mesh, spec):
         self.mesh, self.spec = mesh, spec
@@ -84,7 +97,7 @@ class FakeArray:
         self.shape, self.dtype = global_array.shape, global_array.dtype
         self.sharding = FakeNamedSharding(FakeMesh(axes), P(*spec))
         self.addressable_shards = [
-            FakeShard(FakeDevice(d), index, replica, global_array[index].copy())
+            FakeShard(FakeDevice(d), index, replica, FakeDeviceArray(global_array[index].copy()))
             for d, index, replica in jax_indices(axes, spec, global_array.shape)
             if local is None or d in local]
 

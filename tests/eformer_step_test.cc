@@ -334,6 +334,19 @@ TEST_P(EformerStepTest, SizesNoEncodingHasAreRefusedBeforeAnythingIsAllocated) {
   EXPECT_NE(v.message().find("is missing"), std::string::npos) << v.to_string();
 }
 
+// An array inside another's directory, listed by another index file (an
+// older per-prefix one): its chunks would be taken for the outer array's
+// ("model/embed" is stored with '/', so "model/embed/1/0" is its chunk 1/0).
+TEST_P(EformerStepTest, AnArrayInsideAnotherListedByAnotherIndexFileIsRefused) {
+  const std::string extra =
+      R"({"format":"tensorstore","version":"1.0","arrays":[{"path":"model/embed/1","shape":[14],"dtype":"float32"}]})";
+  ASSERT_TRUE(base_->put("run-200/model_tensorstore_index.json", std::as_bytes(std::span(extra.data(), extra.size()))).ok());
+  auto m = manager();
+  auto r = m->restore(200);
+  EXPECT_EQ(r.status().code(), Code::kDataLoss) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("lies inside array"), std::string::npos) << r.status().to_string();
+}
+
 TEST_P(EformerStepTest, VerifyDecodesEveryChunkAndRestoreLatestPassesADamagedStep) {
   auto m = manager();
   EXPECT_TRUE(m->verify(200).ok());

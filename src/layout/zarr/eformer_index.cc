@@ -107,32 +107,13 @@ Result<std::vector<EformerArray>> read_list(const Json& j, const std::string& at
   return out;
 }
 
-// No two arrays in one directory, and none inside another's. Sorted with
-// '/' as the smallest byte, every path inside "a/b" ("a/b/...") comes right
-// after "a/b", before any "a/bX": checking neighbours is enough.
 Status check_distinct_dirs(const EformerIndex& index) {
   std::vector<std::string_view> paths;
   for (const auto& p : index.prefixes)
     for (const auto& a : p.arrays) paths.push_back(a.path);
   if (index.arrays)
     for (const auto& a : *index.arrays) paths.push_back(a.path);
-  std::sort(paths.begin(), paths.end(), [](std::string_view x, std::string_view y) {
-    const size_t n = std::min(x.size(), y.size());
-    for (size_t i = 0; i < n; ++i) {
-      if (x[i] == y[i]) continue;
-      if (x[i] == '/') return true;
-      if (y[i] == '/') return false;
-      return static_cast<unsigned char>(x[i]) < static_cast<unsigned char>(y[i]);
-    }
-    return x.size() < y.size();
-  });
-  for (size_t i = 1; i < paths.size(); ++i) {
-    const std::string_view a = paths[i - 1], b = paths[i];
-    if (a == b) return data_loss("tensorstore_index.json: two arrays in one directory " + in_quotes(a));
-    if (b.size() > a.size() && b.substr(0, a.size()) == a && b[a.size()] == '/')
-      return data_loss("tensorstore_index.json: array " + in_quotes(b) + " lies inside array " + in_quotes(a));
-  }
-  return Status::OK();
+  return check_array_dirs(std::move(paths));
 }
 
 Result<EformerIndex> read_index(const Json& root, const EformerIndexLimits& limits) {
@@ -267,6 +248,28 @@ void put_arrays(std::string* out, const std::vector<EformerArray>& arrays, int l
 }
 
 }  // namespace
+
+// Sorted with '/' as the smallest byte, every path inside "a/b" ("a/b/...")
+// comes right after "a/b", before any "a/bX": checking neighbours is enough.
+Status check_array_dirs(std::vector<std::string_view> paths) {
+  std::sort(paths.begin(), paths.end(), [](std::string_view x, std::string_view y) {
+    const size_t n = std::min(x.size(), y.size());
+    for (size_t i = 0; i < n; ++i) {
+      if (x[i] == y[i]) continue;
+      if (x[i] == '/') return true;
+      if (y[i] == '/') return false;
+      return static_cast<unsigned char>(x[i]) < static_cast<unsigned char>(y[i]);
+    }
+    return x.size() < y.size();
+  });
+  for (size_t i = 1; i < paths.size(); ++i) {
+    const std::string_view a = paths[i - 1], b = paths[i];
+    if (a == b) return data_loss("tensorstore_index.json: two arrays in one directory " + in_quotes(a));
+    if (b.size() > a.size() && b.substr(0, a.size()) == a && b[a.size()] == '/')
+      return data_loss("tensorstore_index.json: array " + in_quotes(b) + " lies inside array " + in_quotes(a));
+  }
+  return Status::OK();
+}
 
 Status check_array_path(std::string_view path) {
   auto refuse = [&](const char* why) {

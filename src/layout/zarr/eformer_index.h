@@ -94,6 +94,10 @@ Result<std::string> array_dir_of_key_path(std::string_view key_path);
 std::string key_path_of_array_dir(std::string_view path);
 // OK if `path` is a safe array directory (rules above), else kDataLoss.
 Status check_array_path(std::string_view path);
+// No two of the arrays' directories alike, and none inside another's
+// (kDataLoss naming them): each index file is checked on its own, and a step
+// read from several (older per-prefix files) across all of them.
+Status check_array_dirs(std::vector<std::string_view> paths);
 
 // metadata.json of a step. eformer writes all three; EasyDeL adds keys (kept
 // out of this struct, ignored). Each is optional here, with its type checked

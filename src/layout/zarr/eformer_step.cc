@@ -215,11 +215,16 @@ Result<std::optional<Index>> load_eformer_step(Storage& storage, const std::stri
   std::vector<ReadRequest> requests;
   std::vector<uint64_t> zarray_size(arrays.size());
   uint64_t total = 0;
+  std::vector<std::string_view> dirs;
   for (size_t i = 0; i < arrays.size(); ++i) {
     const std::string& path = arrays[i].second.path;
     if (!by_dir.emplace(path, i).second)
       return data_loss(where + ": the eformer index lists array " + path + " twice");
+    dirs.push_back(path);
   }
+  // An array inside another's directory, listed by another index file: its
+  // chunks would be taken for the outer array's.
+  if (Status st = check_array_dirs(std::move(dirs)); !st.ok()) return st.annotate(where);
   std::unordered_map<std::string, uint64_t> sizes;
   sizes.reserve(listed.all.size());
   for (const ListEntry* e : listed.all) sizes.emplace(e->key.substr(head.size()), e->size);

@@ -207,14 +207,22 @@ class _Notifier:
         with self._cv:
             if not self._stopped:
                 if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="ckptio-callbacks", daemon=True)
-                    self._thread.start()
-                self._queue.append(handle)
-                self._pending += 1
-                self._cv.notify_all()
-                return
-        # A save() that raced close(): the manager's close waited for the save
-        # to return and to finish, and this thread is gone; complete it here.
+                    thread = threading.Thread(target=self._run, name="ckptio-callbacks", daemon=True)
+                    try:
+                        thread.start()
+                        self._thread = thread
+                    except RuntimeError as e:  # no thread to be had (limits; interpreter shutting down)
+                        log.warning("ckptio: no callbacks' thread (%s): step %s completes in save()",
+                                    e, handle.step)
+                if self._thread is not None:
+                    self._queue.append(handle)
+                    self._pending += 1
+                    self._cv.notify_all()
+                    return
+        # A save() that raced close() (whose close waited for the save to
+        # finish, and this thread is gone), or no thread to be had: completed
+        # here, waiting for the save, so that a borrow-mode save's arrays stay
+        # alive until the library reads them no more.
         handle._complete()
 
     def drain(self):

@@ -337,3 +337,26 @@ def test_close_waits_for_a_call_in_flight_in_another_thread(ckpt_dir):
     assert done.get("ok"), done
     # (50 ms for the restore's Python side after the library returned)
     assert done["close"] >= done["restore"] - 0.05, "close() returned while a restore was still running"
+
+
+def test_a_save_without_a_callbacks_thread_completes_in_save(ckpt_dir, monkeypatch):
+    """No thread to be had for the callbacks (thread limits, an interpreter
+    shutting down): save() completes the save itself instead of raising after
+    the library began reading a borrowed state it would then drop."""
+    import threading
+    real_start = threading.Thread.start
+
+    def start(self):
+        if self.name == "ckptio-callbacks":
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    w = np.arange(1 << 16, dtype=np.float32)
+    seen = []
+    with ckptio.CheckpointManager(ckpt_dir, staging="borrow", on_commit=seen.append) as mgr:
+        h = mgr.save(1, {"m": {"w": w}})
+        assert h.done() and h.released()
+        h.wait()
+        assert len(seen) == 1 and seen[0].ok
+        np.testing.assert_array_equal(mgr.restore(1)["m"]["w"], w)

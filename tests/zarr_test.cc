@@ -771,6 +771,30 @@ TEST(DecodeCrewTest, TasksAfterAnErrorAreCalledToSkip) {
   EXPECT_EQ(skipped, (std::vector<int>{1, 2, 3, 4}));
 }
 
+// A thread keeps its scratch between chunks up to kKeepScratch, and frees a
+// larger one (a restore held threads x its largest chunk to the end).
+TEST(DecodeCrewTest, ScratchAboveTheBoundIsFreedBetweenChunks) {
+  DecodeCrew crew(1);
+  std::vector<size_t> seen;  // the scratch's capacity each task found
+  auto task = [&](size_t grow) {
+    crew.submit([&seen, grow](ChunkDecoder&, std::vector<std::byte>& scratch, bool) {
+      seen.push_back(scratch.capacity());
+      scratch.resize(grow);
+      return Status::OK();
+    });
+  };
+  task(1 << 20);
+  task(DecodeCrew::kKeepScratch + (1 << 20));
+  task(0);
+  task(0);
+  ASSERT_TRUE(crew.wait().ok());
+  ASSERT_EQ(seen.size(), 4u);
+  EXPECT_EQ(seen[0], 0u);
+  EXPECT_GE(seen[1], size_t{1} << 20);  // kept
+  EXPECT_EQ(seen[2], 0u);               // freed
+  EXPECT_EQ(seen[3], 0u);
+}
+
 TEST(EformerIndex, PathsStayInsideTheStep) {
   EXPECT_TRUE(check_array_path("model/layers/0/kernel").ok());
   EXPECT_TRUE(check_array_path("a..b/c").ok());  // ".." inside a name is a name

@@ -23,6 +23,7 @@ namespace ckptio {
 // left the reader waiting for compressed bytes that never drained).
 class DecodeCrew {
  public:
+  static constexpr size_t kKeepScratch = 64u << 20;
   using Task = std::function<Status(zarr::ChunkDecoder&, std::vector<std::byte>&, bool skip)>;
   explicit DecodeCrew(unsigned n) {
     for (unsigned i = 0; i < std::max(1u, n); ++i) threads_.emplace_back([this] { run(); });
@@ -68,6 +69,10 @@ class DecodeCrew {
       lock.unlock();
       Status st = t(decoder, scratch, skip);
       t = nullptr;  // frees what the task holds before it counts as done
+      // A chunk that did not land in place left the scratch at its size: kept
+      // up to kKeepScratch for the next, freed above it, so that a restore
+      // holds no more than threads x kKeepScratch of it between chunks.
+      if (scratch.capacity() > kKeepScratch) std::vector<std::byte>().swap(scratch);
       lock.lock();
       if (!st.ok() && error_.ok()) error_ = st;
       if (--pending_ == 0) done_cv_.notify_all();

@@ -142,6 +142,9 @@ Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::s
   // on local disk; a nested step format's parent, for every backend), then
   // the base. A failure here, or in the rename's own fsync, may come after
   // the attempt took its final name: take_back moves it away again.
+  // (A rename refused for the name being taken moved nothing: another
+  // writer's step is there, never to be taken back.)
+  if (renamed.code() == Code::kAlreadyExists) return renamed.annotate("commit " + paths.final_dir);
   Status durable = renamed;
   if (const std::string parent = parent_of(paths.final_dir); durable.ok() && !parent.empty())
     durable = storage.sync(parent + "/");

@@ -87,6 +87,9 @@ void CheckpointManager::Impl::run_eformer_job(SaveJob& job) {
     wo.overwrite = job.options.overwrite;
     wo.attempt = job.paths.attempt;  // the id gc spares while the save is in flight
     CKPTIO_ASSIGN_OR_RETURN(wo.extra_metadata_json, extra_metadata(job.options.metadata_json));
+    // Leaves assembled into one chunk: declared before the writer, so that on
+    // an error path they outlive its destructor's wait for borrowed reads.
+    std::vector<Buffer> assembled;
     CKPTIO_ASSIGN_OR_RETURN(auto writer, zarr::EformerStepWriter::start(storage, job.paths.final_dir, job.step, wo));
     std::vector<size_t> ids;
     std::vector<Shape> chunks;
@@ -95,7 +98,6 @@ void CheckpointManager::Impl::run_eformer_job(SaveJob& job) {
       CKPTIO_ASSIGN_OR_RETURN(size_t id, writer->add_array(leaf.prefix, leaf.path, leaf.dtype, leaf.shape, chunks.back()));
       ids.push_back(id);
     }
-    std::vector<Buffer> assembled;  // read by the writer until wait_borrowed()
     for (size_t i = 0; i < job.leaves.size(); ++i) {
       const LeafView& leaf = job.leaves[i];
       const size_t item = dtype_size(leaf.dtype);
@@ -103,9 +105,10 @@ void CheckpointManager::Impl::run_eformer_job(SaveJob& job) {
         // Shards cut off any one grid (regular_chunk_shape made the leaf one
         // chunk): assembled into it first.
         CKPTIO_ASSIGN_OR_RETURN(Buffer b, assemble(leaf));
-        Status w = writer->write_box_borrowed(ids[i], Box::whole(leaf.shape), {b.data(), b.size()});
-        if (!w.ok()) return w.annotate(leaf.prefix + "/" + leaf.path);
         assembled.push_back(std::move(b));
+        const Buffer& whole = assembled.back();
+        Status w = writer->write_box_borrowed(ids[i], Box::whole(leaf.shape), {whole.data(), whole.size()});
+        if (!w.ok()) return w.annotate(leaf.prefix + "/" + leaf.path);
         continue;
       }
       for (const ShardView& s : leaf.shards) {

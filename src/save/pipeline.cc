@@ -200,7 +200,8 @@ void CheckpointManager::Impl::finish_job(SaveJob& job, const Status& st, const S
   {
     std::lock_guard lock(mu);
     attempts_in_flight.erase(job.paths.attempt);
-    if (job.eformer) eformer_steps_in_flight.erase(eformer_steps_in_flight.find(job.paths.final_dir));
+    if (auto it = eformer_steps_in_flight.find(job.paths.final_dir); job.eformer && it != eformer_steps_in_flight.end())
+      eformer_steps_in_flight.erase(it);
     if (!st.ok() && first_error.ok()) first_error = st;
     --in_flight;
     if (retention) ++retaining;

@@ -264,6 +264,14 @@ def _shutdown(c_manager, notifier, pid):
     """Closes a manager: waits for its saves, then for their callbacks."""
     if os.getpid() != pid:  # a forked child: the threads are the parent's
         return
+    if isinstance(threading.current_thread(), threading._DummyThread):
+        # One of the library's own threads, calling into Python (a save's
+        # barrier on the manager's worker): the manager collected there by the
+        # cyclic GC, or closed from the barrier. Closing waits for the save
+        # that very thread runs, so a thread of its own closes it.
+        threading.Thread(target=_shutdown, args=(c_manager, notifier, pid), name="ckptio-close",
+                         daemon=True).start()
+        return
     try:
         c_manager.close()  # releases the GIL; the C++ destructor waits for every save
     finally:

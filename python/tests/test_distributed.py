@@ -385,3 +385,42 @@ def test_torch_barrier_on_a_tcp_store():
         t.join()
     assert sorted(order) == [("a", None), ("a", None), ("b", None), ("b", None)]
     assert time.monotonic() - t0 < 2
+
+
+def test_a_manager_closed_from_its_barrier_closes_on_a_thread_of_its_own(tmp_path):
+    """A save's barrier runs on the manager's worker thread. A manager closed
+    there (collected there by the cyclic GC, or closed by the barrier itself)
+    closed on that thread, waiting for the save that thread runs: a deadlock.
+    It now closes on a thread of its own, once the save is done."""
+    b = threading.Barrier(2)
+    closed_from = []
+
+    class Barrier:
+        def __init__(self, closer=None):
+            self.closer = closer
+
+        def wait(self, name, timeout_seconds):
+            if self.closer is not None and not closed_from:
+                closed_from.append(threading.current_thread())
+                self.closer()
+            b.wait(timeout_seconds)
+
+    managers = {}
+    run = uuid.uuid4().hex
+    m0 = ckptio.CheckpointManager(str(tmp_path), processes=dict(index=0, count=2, run_id=run),
+                                  barrier=Barrier(lambda: managers[0].close()))
+    m1 = ckptio.CheckpointManager(str(tmp_path), processes=dict(index=1, count=2, run_id=run), barrier=Barrier())
+    managers[0] = m0
+    g = np.arange(8, dtype=np.float32)
+    h0 = m0.save(1, {"m": {"w": ckptio.Shards((8,), np.float32, [((slice(0, 4),), g[:4].copy(), 0)])}})
+    h1 = m1.save(1, {"m": {"w": ckptio.Shards((8,), np.float32, [((slice(4, 8),), g[4:].copy(), 0)])}})
+    h1.wait(timeout=60)
+    h0.wait(timeout=60)
+    assert closed_from and isinstance(closed_from[0], threading._DummyThread)
+    deadline = time.monotonic() + 60
+    while not m0._c.closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert m0._c.closed and m0.closed
+    m1.close()
+    with ckptio.CheckpointManager(str(tmp_path)) as mgr:
+        np.testing.assert_array_equal(mgr.restore(1)["m"]["w"], g)

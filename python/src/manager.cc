@@ -217,8 +217,14 @@ class PyManager {
   std::shared_ptr<CheckpointManager> get() {
     std::lock_guard lock(calls_mu_);
     if (!m_) throw StatusError(Status(Code::kFailedPrecondition, "the checkpoint manager is closed"));
-    callers_.insert(std::this_thread::get_id());
-    auto call = std::make_shared<Call>(this, m_);
+    auto it = callers_.insert(std::this_thread::get_id());  // may throw: nothing to undo yet
+    std::shared_ptr<Call> call;
+    try {
+      call = std::make_shared<Call>(this, m_);
+    } catch (...) {
+      callers_.erase(it);  // else close() would wait for this call forever
+      throw;
+    }
     return std::shared_ptr<CheckpointManager>(call, call->m.get());  // the call ends with its last copy
   }
 

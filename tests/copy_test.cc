@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -15,6 +16,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -670,6 +672,56 @@ TEST_P(CopyTest, HandWrittenLayoutWithUnknownFieldsSurvives) {
   EXPECT_EQ(bad.status().code(), Code::kDataLoss);
   EXPECT_NE(bad.status().message().find("p/w2 shard 0 (file " + a + ")"), std::string::npos)
       << bad.status().to_string();
+}
+
+// A step of many small data files (one per process of a large job): every
+// read takes a whole chunk buffer however short it is, so a batch cut by
+// bytes alone asked for more buffers than the pool held and waited forever.
+TEST_P(CopyTest, ManySmallDataFilesDoNotHang) {
+  constexpr int kFiles = 40;
+  Index idx;
+  idx.step = 5;
+  idx.created_unix_ns = 1;
+  idx.committed_unix_ns = 2;
+  PrefixRecord model{"model", {}};
+  for (int i = 0; i < kFiles; ++i) {
+    const std::string name = "data-00000000000000ab-" + std::to_string(i) + ".bin";
+    std::vector<std::byte> v = random_bytes(4 + i, 100 + i);
+    ASSERT_TRUE(put_object(*src_, "run-5/" + name, std::string(reinterpret_cast<const char*>(v.data()), v.size())).ok());
+    idx.files.push_back({name, v.size()});
+    const int64_t n = static_cast<int64_t>(v.size());
+    model.leaves.push_back(LeafRecord{"w" + std::to_string(i), DType::kUInt8, {n},
+                                      {{Box{{0}, {n}}, name, 0, v.size(), crc32c(v.data(), v.size())}}});
+  }
+  idx.prefixes = {model};
+  const std::string text = serialize_index(idx);
+  ASSERT_TRUE(src_->put("run-5/ckptio_index.json", {reinterpret_cast<const std::byte*>(text.data()), text.size()}).ok());
+
+  // Six buffers (one read each per batch) and the defaults (32 buffers).
+  for (const CopyOptions& o : {small(), CopyOptions{}}) {
+    auto done = std::make_shared<std::promise<Result<CopyStats>>>();
+    auto result = done->get_future();
+    CopyOptions over = o;
+    over.overwrite = true;
+    std::thread([done, over, src = src_, dst = dst_] { done->set_value(copy_step(*src, *dst, 5, over)); }).detach();
+    if (result.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+      ADD_FAILURE() << "copy_step of " << kFiles << " small files hangs";
+      std::abort();  // the copy's thread cannot be joined
+    }
+    auto stats = result.get();
+    ASSERT_TRUE(stats.ok()) << stats.status().to_string();
+    EXPECT_EQ(stats->files, static_cast<uint64_t>(kFiles));
+    EXPECT_EQ(stats->shards, static_cast<uint64_t>(kFiles));
+  }
+  auto m = manager(dst_);
+  EXPECT_TRUE(m->verify(5).ok());
+  auto r = m->restore(5);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->leaves.size(), static_cast<size_t>(kFiles));
+  for (int i = 0; i < kFiles; ++i) {
+    std::vector<std::byte> v = random_bytes(4 + i, 100 + i);
+    EXPECT_EQ(std::memcmp(r->leaves[i].data.data(), v.data(), v.size()), 0) << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

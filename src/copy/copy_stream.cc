@@ -242,9 +242,9 @@ struct OutFile {
 class StreamCopy : public ReadConsumer {
  public:
   StreamCopy(Storage& src, Storage& dst, const Index& index, const StreamPlan& plan, ChunkCursor& cursor,
-             ChunkBuffers& buffers, Pending& pending, std::vector<FileVerifier> verifiers, uint64_t plan_ahead)
+             ChunkBuffers& buffers, Pending& pending, std::vector<FileVerifier> verifiers, uint64_t per_batch)
       : src_(src), dst_(dst), index_(index), plan_(plan), cursor_(cursor), buffers_(buffers), pending_(pending),
-        verifiers_(std::move(verifiers)), out_(index.files.size()), plan_ahead_(plan_ahead) {}
+        verifiers_(std::move(verifiers)), out_(index.files.size()), per_batch_(per_batch) {}
 
   // Empty files have no chunks: created and finished up front.
   Status empty_files() {
@@ -256,13 +256,16 @@ class StreamCopy : public ReadConsumer {
     return Status::OK();
   }
 
+  // Two batches at a time. A batch holds at most per_batch reads, not only
+  // per_batch chunks' bytes: every read takes a whole buffer, however short
+  // (a small file, a file's tail), and a batch asking for more buffers than
+  // the pool has waited forever for ones that only its own delivery frees.
   Result<bool> more(std::vector<ExecRead>* reads) override {
-    uint64_t planned = 0;
-    while (!cursor_.done() && planned < plan_ahead_) {
+    for (uint64_t n = 0; n < 2 * per_batch_ && !cursor_.done(); ++n) {
       Chunk c = cursor_.next();
-      reads->push_back(ExecRead{static_cast<uint32_t>(c.file), c.offset, c.length});
       chunks_.push_back(c);
-      planned += c.length;
+      reads->push_back(ExecRead{static_cast<uint32_t>(c.file), c.offset, c.length});
+      reads->back().ends_batch = chunks_.size() % per_batch_ == 0;
     }
     return !cursor_.done();
   }
@@ -354,7 +357,7 @@ class StreamCopy : public ReadConsumer {
   Pending& pending_;
   std::vector<FileVerifier> verifiers_;
   std::vector<OutFile> out_;
-  const uint64_t plan_ahead_;
+  const uint64_t per_batch_;  // reads (buffers) per batch
   std::vector<Chunk> chunks_;  // parallel to the executor's reads
   Status error_;
   uint64_t shards_ = 0;
@@ -399,7 +402,7 @@ Result<StreamResult> stream_data_files(Storage& src, Storage& dst, const Index& 
   const size_t capacity = static_cast<size_t>(std::min(nbuf, std::max<uint64_t>(cursor.remaining(), 1)));
   ChunkBuffers buffers(plan.chunk, capacity);
   Pending pending;
-  StreamCopy copy(src, dst, index, plan, cursor, buffers, pending, std::move(verifiers), 2 * per_batch * plan.chunk);
+  StreamCopy copy(src, dst, index, plan, cursor, buffers, pending, std::move(verifiers), per_batch);
 
   Status st = copy.empty_files();
   if (st.ok()) {

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <barrier>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -306,6 +308,39 @@ TEST_P(GroupSaveTest, AnIndexPutOfUnknownOutcomeDeletesNoDataFile) {
   EXPECT_NE(out[0].message().find("may or may not be committed"), std::string::npos) << out[0].to_string();
   EXPECT_EQ(*steps, std::vector<int64_t>{5});
   expect_step(5, state);
+}
+
+// A process that times out waiting for the coordinator does not know the
+// step's outcome: the coordinator may be about to commit it. Its data file
+// must stay, or the committed step names a file that is gone. Here the
+// coordinator stalls in its index put until process 1 has given up.
+TEST_P(GroupSaveTest, AProcessThatTimesOutKeepsItsDataForTheCoordinatorsCommit) {
+  const auto state = global_state(9);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  Managers ms = managers(options_for(2, /*timeout=*/1.0));
+  std::promise<Status> p1_done;
+  std::shared_future<Status> p1 = p1_done.get_future().share();
+  faults_->set_hook([p1](FaultOp op, const std::string& key) {
+    if (op == FaultOp::kPut && key.find("ckptio_index.json") != std::string::npos)
+      p1.wait_for(std::chrono::seconds(30));
+  });
+  Status out0;
+  std::thread coordinator([&] {
+    auto h = ms[0]->save(6, states[0].leaves, {.metadata_json = R"({"by":"group"})"});
+    out0 = h.ok() ? h->wait() : h.status();
+  });
+  auto h1 = ms[1]->save(6, states[1].leaves, {.metadata_json = R"({"by":"group"})"});
+  p1_done.set_value(h1.ok() ? h1->wait() : h1.status());
+  coordinator.join();
+  faults_->set_hook(nullptr);
+  EXPECT_EQ(p1.get().code(), Code::kUnavailable) << p1.get().to_string();
+  EXPECT_NE(p1.get().message().find("timed out"), std::string::npos) << p1.get().to_string();
+  ASSERT_TRUE(out0.ok()) << out0.to_string();
+  expect_step(6, state);
+  CheckpointManager reader(faults_, {});
+  ASSERT_TRUE(reader.gc().ok());  // the committed index names the file: kept
+  expect_step(6, state);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GroupSaveTest, testutil::local_backends(), testutil::backend_name);

@@ -235,7 +235,8 @@ Result<bool> index_lists(Storage& storage, const std::string& final_dir, const s
   return false;
 }
 
-Status await_outcome(const GroupSave& g) {
+Status await_outcome(const GroupSave& g, bool* decided) {
+  *decided = false;
   if (g.group.barrier) {
     Status b = barrier_wait(g, "decided");
     if (!b.ok()) return b.annotate("barrier " + barrier_name(g, "decided"));
@@ -249,9 +250,15 @@ Status await_outcome(const GroupSave& g) {
     // committed by an earlier run, which overwrite replaces, does not).
     auto listed = index_lists(g.storage, g.paths.final_dir, ours);
     if (!listed.ok()) return listed.status().annotate("read the outcome of step " + std::to_string(g.step));
-    if (*listed) return Status::OK();
+    if (*listed) {
+      *decided = true;
+      return Status::OK();
+    }
     auto why = g.storage.get(failed, 1 << 20);
-    if (why.ok()) return Status(Code::kFailedPrecondition, "the coordinator (process 0) failed the step: " + *why);
+    if (why.ok()) {
+      *decided = true;
+      return Status(Code::kFailedPrecondition, "the coordinator (process 0) failed the step: " + *why);
+    }
     if (why.status().code() != Code::kNotFound)
       return why.status().annotate("read the outcome of step " + std::to_string(g.step));
     if (g.group.barrier)
@@ -261,7 +268,8 @@ Status await_outcome(const GroupSave& g) {
       return Status(Code::kUnavailable, "timed out after " +
                                             std::to_string(static_cast<int>(g.group.timeout_seconds)) +
                                             " s waiting for the coordinator (process 0) to commit step " +
-                                            std::to_string(g.step));
+                                            std::to_string(g.step) +
+                                            " (it may still commit it: this process's data files are kept)");
     poll.sleep();
   }
 }

@@ -55,7 +55,9 @@ void announce_outcome(const GroupSave& g, const Status& outcome);
 
 // The other processes: waits until the coordinator committed this attempt
 // (OK), recorded a failure (kFailedPrecondition with its message), or the
-// timeout passed (kUnavailable).
-Status await_outcome(const GroupSave& g);
+// timeout passed (kUnavailable). `*decided` is set only for the first two:
+// after a timeout or a storage or barrier error the coordinator may still
+// commit the step, naming this process's data files.
+Status await_outcome(const GroupSave& g, bool* decided);
 
 }  // namespace ckptio

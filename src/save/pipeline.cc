@@ -62,15 +62,27 @@ Status commit_single(Storage& storage, const SaveJob& job, IndexPreparer& index,
 
 // A multi-process save after this process's writes (`own`): manifest, then
 // the coordinator merges and commits, the others learn the outcome.
+// `*outcome_unknown`: the step may yet be committed naming this process's
+// data files (a process that timed out waiting for the coordinator, which
+// may be about to commit), so they must be left for gc.
 Status commit_group(Storage& storage, const ProcessGroup& group, const SaveJob& job,
-                    const std::vector<uint32_t>& crcs, Status own, double& commit_seconds) {
+                    const std::vector<uint32_t>& crcs, Status own, double& commit_seconds,
+                    bool* outcome_unknown) {
   const auto t0 = std::chrono::steady_clock::now();
   const GroupSave g{storage, group, job.paths, job.step};
   Status st = publish_manifest(g, own.ok() ? build_index(job, crcs) : Index{}, own);
   if (group.index != 0) {
-    Status outcome = await_outcome(g);
+    bool decided = false;
+    Status outcome = await_outcome(g, &decided);
     commit_seconds = seconds_since(t0);
+    // A manifest that reports our failure (or none) keeps our files out of
+    // any index the coordinator commits.
     if (!own.ok()) return own;
+    // Committed with our manifest, even if its put reported an error after
+    // it took effect (a failed directory fsync after the rename): the step
+    // holds our data, durable before the manifest was written.
+    if (outcome.ok()) return outcome;
+    if (!decided) *outcome_unknown = true;
     return st.ok() ? outcome : st;
   }
   if (!own.ok()) st = own;
@@ -84,7 +96,7 @@ Status commit_group(Storage& storage, const ProcessGroup& group, const SaveJob& 
       index.metadata_json = job.options.metadata_json.empty() ? "{}" : job.options.metadata_json;
       std::string json = serialize_index(index);
       auto check = parse_index(json);
-      st = check.ok() ? commit_attempt(storage, job.paths, json, job.options.overwrite)
+      st = check.ok() ? commit_attempt(storage, job.paths, json, job.options.overwrite, outcome_unknown)
                       : check.status().annotate("internal: merged index fails to parse");
     } else {
       st = merged.status();
@@ -108,7 +120,7 @@ bool index_may_name(Storage& storage, const SaveJob& job) {
 // Removes what a failed save wrote, unless a committed index may name it.
 void discard_failed(Storage& storage, const SaveJob& job, bool outcome_unknown) {
   if (job.group) {  // the staging directory is shared: only this process's files
-    if (!index_may_name(storage, job))
+    if (!outcome_unknown && !index_may_name(storage, job))
       for (const std::string& f : job.data_files) (void)storage.remove(job.paths.stage_dir + "/" + f);
   } else if (!outcome_unknown) {  // (else a committed index may name them; gc removes them if not)
     discard_attempt(storage, job.paths, job.data_files);
@@ -162,11 +174,11 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
   auto tell = [&](bool ok) {
     if (index) index->checksums_known(ok);
   };
-  bool outcome_unknown = false;  // the index PUT failed, and reading it back too
+  bool outcome_unknown = false;  // the step may still be (or have been) committed: keep the files
   Status st = write_data(storage, *pool, job, crcs, stats.write_seconds, [&] { tell(true); });
   tell(st.ok());  // (the writes failed before all were queued, or none was)
   if (job.group)
-    st = commit_group(storage, owner->options().processes, job, crcs, st, stats.commit_seconds);
+    st = commit_group(storage, owner->options().processes, job, crcs, st, stats.commit_seconds, &outcome_unknown);
   else
     st = commit_single(storage, job, *index, st, stats.commit_seconds, &outcome_unknown);
   if (!st.ok()) {

@@ -310,6 +310,80 @@ TEST_P(ManagerTest, FailedSaveLeavesPreviousLatestIntactAndNoGarbageAfterGc) {
   for (const auto& o : listed->objects) EXPECT_EQ(o.key.rfind("run-1/", 0), 0u) << o.key;
 }
 
+// gc in the saver's own manager, on an object store, while the save
+// commits: gc listed the step's objects and found no index yet; the save then
+// committed and left the attempts in flight. The objects it had listed are
+// the committed step's data and must not go (min_age 0, the default).
+TEST(GcRace, AStepCommittedWhileGcRunsKeepsItsData) {
+  auto faults = make_fault_storage(make_memory_storage(false));
+  ManagerOptions o;
+  o.chunk_size = 64 * 1024;
+  CheckpointManager m(faults, o);
+  // A dead attempt's object that sorts before the save's: gc removes it first.
+  const std::string dead = "run-1/data-0000000000000000-0.bin";
+  const std::string bytes = "left by a killed saver";
+  ASSERT_TRUE(faults->put(dead, std::as_bytes(std::span(bytes))).ok());
+  std::promise<void> commit_reached, gc_removing, saved;
+  std::shared_future<void> gc_removing_f = gc_removing.get_future().share(), saved_f = saved.get_future().share();
+  std::atomic<bool> put_armed{true}, remove_armed{true};
+  faults->set_hook([&](FaultOp op, const std::string& key) {
+    if (op == FaultOp::kPut && key.find(kIndexFileName) != std::string::npos && put_armed.exchange(false)) {
+      commit_reached.set_value();
+      gc_removing_f.wait_for(std::chrono::seconds(30));  // gc has read "no index" and removes
+    }
+    if (op == FaultOp::kRemove && key == dead && remove_armed.exchange(false)) {
+      gc_removing.set_value();
+      saved_f.wait_for(std::chrono::seconds(30));  // the save committed and left the attempts in flight
+    }
+  });
+  auto state = sample_state(31);
+  auto h = m.save(1, views(state));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  commit_reached.get_future().wait();  // every data object is written
+  Status gc_status;
+  std::thread gc([&] { gc_status = m.gc(); });
+  ASSERT_TRUE(h->wait().ok());
+  ASSERT_TRUE(m.wait_until_finished().ok());
+  saved.set_value();
+  gc.join();
+  faults->set_hook(nullptr);
+  EXPECT_TRUE(gc_status.ok()) << gc_status.to_string();
+  EXPECT_EQ(faults->stat(dead).status().code(), Code::kNotFound) << "the dead attempt's object stays";
+  auto r = m.restore(1);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  expect_restored(*r, state);
+  EXPECT_TRUE(m.verify(1).ok());
+}
+
+// gc removes only what ckptio names (data-, manifest-, failed- and an
+// attempt id), even under a directory that parses as a step: with
+// step_format "{step}" a shared base's "2024/" is one.
+TEST(GcRace, GcRemovesOnlyWhatCkptioNamed) {
+  for (bool posix : {false, true}) {
+    SCOPED_TRACE(posix ? "POSIX" : "object store");
+    auto store = make_memory_storage(posix);
+    ManagerOptions o;
+    o.chunk_size = 64 * 1024;
+    o.step_format = "{step}";
+    CheckpointManager m(store, o);
+    auto state = sample_state(32);
+    ASSERT_TRUE(m.save(1, views(state)).value().wait().ok());
+    const std::string bytes = "someone else's";
+    const std::vector<std::string> theirs = {"2024/a.csv", "1/notes.txt", "7/data.bin", "7/data-xyz-0.bin"};
+    const std::vector<std::string> ours = {"1/manifest-00000000deadbeef-p1.json"};
+    for (const auto& k : theirs) ASSERT_TRUE(store->put(k, std::as_bytes(std::span(bytes))).ok()) << k;
+    for (const auto& k : ours) ASSERT_TRUE(store->put(k, std::as_bytes(std::span(bytes))).ok()) << k;
+    if (!posix) ASSERT_TRUE(store->put("7/data-00000000deadbeef-0.bin", std::as_bytes(std::span(bytes))).ok());
+    ASSERT_TRUE(m.gc().ok());
+    for (const auto& k : theirs) EXPECT_TRUE(store->stat(k).ok()) << k << " was removed";
+    for (const auto& k : ours) EXPECT_EQ(store->stat(k).status().code(), Code::kNotFound) << k << " stays";
+    if (!posix) EXPECT_EQ(store->stat("7/data-00000000deadbeef-0.bin").status().code(), Code::kNotFound);
+    auto r = m.restore(1);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    expect_restored(*r, state);
+  }
+}
+
 // gc in another process (another manager here: it knows nothing of the
 // saver's attempt) while a save is stopped just before its commit: with a
 // minimum age it leaves the save's files alone, and the save commits whole.

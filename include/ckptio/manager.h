@@ -488,7 +488,11 @@ class CheckpointManager {
   // Removes temporaries and leftovers of failed saves not in flight here:
   // POSIX temporary and deleting step directories, object-store data that no
   // committed index references (and steps without an index), unfinished
-  // multipart uploads. What changed less than options.min_age_seconds ago is
+  // multipart uploads into step directories. Only names ckptio writes are
+  // removed from a step directory (data-, manifest-, failed- and an attempt
+  // id): another program's files under the base stay. A save of this
+  // manager that was in flight at any moment of the gc is spared, also when
+  // it commits while gc runs. What changed less than options.min_age_seconds ago is
   // left alone, since a save running in another process (or manager) looks
   // exactly like a leftover until it commits. With min_age_seconds = 0 every
   // attempt not in flight in this manager counts as dead: removing a live

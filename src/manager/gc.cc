@@ -2,9 +2,11 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include "src/layout/layout.h"
 #include "src/layout/zarr/eformer_step.h"
@@ -12,11 +14,51 @@
 #include "src/util/clock.h"
 
 namespace ckptio {
+namespace {
+
+// A name ckptio gives what it writes into a step directory: data-, manifest-
+// or failed- and a 16-hex-digit attempt id. gc removes nothing else, even
+// under a directory whose name parses as a step: the base may be shared (a
+// bucket's root; step_format "{step}" makes "2024/" a step directory).
+bool ckptio_object_name(std::string_view key) {
+  const std::string_view base = key.substr(key.rfind('/') + 1);
+  for (std::string_view kind : {"data-", "manifest-", "failed-"}) {
+    if (!base.starts_with(kind)) continue;
+    const std::string_view id = base.substr(kind.size());
+    return id.size() > 16 && (id[16] == '-' || id[16] == '.') &&
+           std::all_of(id.begin(), id.begin() + 16, [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
+  }
+  return false;
+}
+
+}  // namespace
 
 Status CheckpointManager::Impl::gc(const GcOptions& options) {
   Storage& storage = owner->storage();
   if (!(options.min_age_seconds >= 0))
     return invalid_argument("gc: min_age_seconds must be >= 0, not " + std::to_string(options.min_age_seconds));
+  // From here to the end, every attempt in flight is remembered (before the
+  // scan: what it lists may belong to a save that commits meanwhile).
+  {
+    std::lock_guard lock(mu);
+    if (gcs_running++ == 0) {
+      attempts_seen_by_gc = attempts_in_flight;
+      eformer_steps_seen_by_gc = {eformer_steps_in_flight.begin(), eformer_steps_in_flight.end()};
+    } else {
+      attempts_seen_by_gc.insert(attempts_in_flight.begin(), attempts_in_flight.end());
+      eformer_steps_seen_by_gc.insert(eformer_steps_in_flight.begin(), eformer_steps_in_flight.end());
+    }
+  }
+  struct EndGc {
+    Impl& impl;
+    ~EndGc() {
+      std::lock_guard lock(impl.mu);
+      if (--impl.gcs_running == 0) {
+        impl.attempts_seen_by_gc.clear();
+        impl.eformer_steps_seen_by_gc.clear();
+      }
+    }
+  } end_gc{*this};
   CKPTIO_ASSIGN_OR_RETURN(auto dirs, scan_step_dirs(storage, naming));
   Status first;
   auto note = [&](Status st) { if (!st.ok() && first.ok()) first = st; };
@@ -34,18 +76,20 @@ Status CheckpointManager::Impl::gc(const GcOptions& options) {
     }
     return t->has_value() && recent(**t);
   };
+  // In flight here at some moment of this gc (a superset of those in
+  // flight now).
   auto in_flight_here = [&](const std::string& key) {
     std::lock_guard lock(mu);
-    for (const auto& a : attempts_in_flight)
+    for (const auto& a : attempts_seen_by_gc)
       if (key.find(a) != std::string::npos) return true;
-    for (const auto& dir : eformer_steps_in_flight)
+    for (const auto& dir : eformer_steps_seen_by_gc)
       if (key.starts_with(dir + "/")) return true;
     return false;
   };
   for (const StepDir& d : dirs) {
     {
       std::lock_guard lock(mu);
-      if (attempts_in_flight.count(d.attempt) || eformer_steps_in_flight.count(d.name)) continue;
+      if (attempts_seen_by_gc.count(d.attempt) || eformer_steps_seen_by_gc.count(d.name)) continue;
     }
     if (d.kind != StepDirKind::kFinal) {
       if (!live(d.name + "/")) note(storage.remove_prefix(d.name + "/"));
@@ -65,7 +109,7 @@ Status CheckpointManager::Impl::gc(const GcOptions& options) {
     if (zarr::looks_like_eformer_step(d.name, objs->objects)) continue;
     const bool posix = storage.caps().atomic_rename;
     if (posix && std::all_of(objs->objects.begin(), objs->objects.end(), [&](const ListEntry& o) {
-          return o.key == index_key(d.name) || o.key.starts_with(d.name + "/data-");
+          return o.key == index_key(d.name) || o.key.starts_with(d.name + "/data-") || !ckptio_object_name(o.key);
         }))
       continue;
     auto index = load_index(d.name);
@@ -75,7 +119,9 @@ Status CheckpointManager::Impl::gc(const GcOptions& options) {
     if (index->has_value())
       for (const auto& f : (*index)->files) referenced.insert(d.name + "/" + f.name);
     for (const auto& o : objs->objects) {
-      if (o.key == index_key(d.name) || referenced.count(o.key) || recent(o.modified_unix_ns)) continue;
+      if (o.key == index_key(d.name) || referenced.count(o.key) || recent(o.modified_unix_ns) ||
+          !ckptio_object_name(o.key))
+        continue;
       if (!in_flight_here(o.key)) note(storage.remove(o.key));
     }
   }
@@ -92,8 +138,15 @@ Status CheckpointManager::Impl::gc(const GcOptions& options) {
     note(unfinished.status());
     return first;
   }
+  // Only uploads into step directories: the base may be shared with
+  // another program's uploads.
+  auto in_a_step_dir = [&](const std::string& key) {
+    const size_t slash = key.find('/');
+    return slash != std::string::npos && classify_step_dir(naming, std::string_view(key).substr(0, slash));
+  };
   for (const ListEntry& u : *unfinished)
-    if (!recent(u.modified_unix_ns) && !in_flight_here(u.key)) note(storage.abort_unfinished(u.key));
+    if (in_a_step_dir(u.key) && !recent(u.modified_unix_ns) && !in_flight_here(u.key))
+      note(storage.abort_unfinished(u.key));
   return first;
 }
 

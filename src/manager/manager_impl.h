@@ -55,6 +55,13 @@ struct CheckpointManager::Impl {
   // The final directories of eformer saves in flight: on an object store
   // they write there in place, under no attempt id, and gc spares them.
   std::multiset<std::string> eformer_steps_in_flight;
+  // While a gc runs: every attempt (and eformer step) in flight at any
+  // moment of it. gc spares these, not only those in flight when it looks:
+  // a save that commits after gc found its step without an index has left
+  // the sets above by the time gc removes what it listed.
+  int gcs_running = 0;
+  std::set<std::string> attempts_seen_by_gc;
+  std::set<std::string> eformer_steps_seen_by_gc;
   std::multiset<int64_t> restoring;  // steps restore or verify read now (ReadMark)
   std::set<int64_t> retiring;        // steps retention moves out of the committed set now
   // A step read by restore or verify, from before its index is read until

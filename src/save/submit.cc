@@ -118,6 +118,10 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
     std::lock_guard lock(mu);
     attempts_in_flight.insert(job->paths.attempt);
     if (job->eformer) eformer_steps_in_flight.insert(job->paths.final_dir);
+    if (gcs_running > 0) {
+      attempts_seen_by_gc.insert(job->paths.attempt);
+      if (job->eformer) eformer_steps_seen_by_gc.insert(job->paths.final_dir);
+    }
     queue.push_back(job);
   }
   cv.notify_all();

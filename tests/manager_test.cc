@@ -310,6 +310,75 @@ TEST_P(ManagerTest, FailedSaveLeavesPreviousLatestIntactAndNoGarbageAfterGc) {
   for (const auto& o : listed->objects) EXPECT_EQ(o.key.rfind("run-1/", 0), 0u) << o.key;
 }
 
+// Waits for `f` up to a minute; a hang aborts the test binary (the thread
+// that hangs cannot be joined).
+template <typename T>
+T within_a_minute(std::future<T> f, const std::string& what) {
+  if (f.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    ADD_FAILURE() << what << " hangs";
+    std::abort();
+  }
+  return f.get();
+}
+
+// Two threads saving at once in copy mode, each state larger than the pool:
+// a save that copied ahead of one queued before it filled the pool with
+// chunks the worker never reached (it takes them in queue order).
+TEST(SaveConcurrency, TwoThreadsSavingInCopyModeBothCommit) {
+  auto store = make_memory_storage(true);
+  ManagerOptions o;
+  o.chunk_size = 64 * 1024;
+  o.staging_budget = 8 * 64 * 1024;  // 8 buffers: each state needs 48
+  o.staging = StagingMode::kCopy;
+  o.max_in_flight = 2;
+  auto m = std::make_shared<CheckpointManager>(store, o);
+  std::vector<std::vector<OwnedLeaf>> states;
+  for (int t = 0; t < 2; ++t) states.push_back({make_leaf("model", "w", DType::kFloat32, {768, 1024}, 40 + t)});
+  for (int round = 0; round < 10; ++round) {
+    std::vector<std::future<Status>> saves;
+    for (int t = 0; t < 2; ++t)
+      saves.push_back(std::async(std::launch::async, [&, t] {
+        auto h = m->save(1 + 2 * round + t, views(states[t]));
+        return h.ok() ? h->wait() : h.status();
+      }));
+    for (auto& f : saves) {
+      Status st = within_a_minute(std::move(f), "a save of two at once in copy mode");
+      ASSERT_TRUE(st.ok()) << st.to_string();
+    }
+  }
+  for (int t = 0; t < 2; ++t) {
+    auto r = m->restore(19 + t);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    expect_restored(*r, states[t]);
+  }
+}
+
+// on_commit and on_retention run on the worker: a save() from there would
+// wait for a slot only the worker frees. Refused with a clear error.
+TEST(SaveConcurrency, ASaveFromOnCommitIsRefusedNotAHang) {
+  auto store = make_memory_storage(true);
+  ManagerOptions o;
+  o.chunk_size = 64 * 1024;
+  std::shared_ptr<CheckpointManager> m;
+  auto state = sample_state(41);
+  Status inner;
+  o.on_commit = [&](const CommitEvent& e) {
+    if (e.step == 1) {
+      auto h = m->save(2, views(state));
+      inner = h.ok() ? Status::OK() : h.status();
+    }
+  };
+  m = std::make_shared<CheckpointManager>(store, o);
+  Status outer = within_a_minute(std::async(std::launch::async, [&] {
+    auto h = m->save(1, views(state));
+    return h.ok() ? h->wait() : h.status();
+  }), "save() from on_commit");
+  EXPECT_TRUE(outer.ok()) << outer.to_string();
+  EXPECT_EQ(inner.code(), Code::kFailedPrecondition) << inner.to_string();
+  EXPECT_NE(inner.message().find("from a callback"), std::string::npos) << inner.to_string();
+  EXPECT_EQ(m->all_steps().value(), std::vector<int64_t>{1});
+}
+
 // gc in the saver's own manager, on an object store, while the save
 // commits: gc listed the step's objects and found no index yet; the save then
 // committed and left the attempts in flight. The objects it had listed are

@@ -10,8 +10,11 @@
 // Thread safety: every method may be called from any thread. Saves are
 // executed in call order by one background worker; at most
 // ManagerOptions::max_in_flight saves are queued or running (save() waits for
-// a slot). Commit callbacks run on the worker thread, one at a time; they must
-// not call wait_until_finished() or the destructor of this manager.
+// a slot). Saves called from several threads at once are queued, and in
+// copy mode copied, one after the other. Commit callbacks run on the worker
+// thread, one at a time; they must not call wait_until_finished(), wait on a
+// save's handle, or the destructor of this manager; save() from them is
+// refused (FailedPrecondition), as it would wait for the worker.
 //
 // Errors: save() returns an error at once for bad input (invalid leaves, a
 // committed step without overwrite); once it returned a handle, every outcome

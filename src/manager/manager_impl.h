@@ -35,6 +35,10 @@ struct CheckpointManager::Impl {
   uint64_t object_bytes = 0;  // Storage::data_object_bytes(): 0 = one data file
   std::unique_ptr<BufferPool> pool;
   std::unique_ptr<Crew> crew;  // copy mode's copiers beside the caller
+  // Copy mode: saves queue and copy in the same order, one at a time. The
+  // worker takes chunks in queue order; a save copying ahead of one queued
+  // before it would fill the pool with chunks the worker never reaches.
+  std::mutex copy_turn;
   std::thread worker;
 
   std::mutex mu;  // guards everything below

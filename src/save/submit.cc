@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -80,6 +81,12 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
                                                    std::chrono::steady_clock::time_point t0) {
   const int64_t created = unix_ns_now();
   CKPTIO_RETURN_IF_ERROR(check_save(step, state, options, owner->options().processes));
+  // The worker runs on_commit and on_retention: a save from there would wait
+  // for a slot (or, in copy mode, for pool buffers) that only the worker frees.
+  if (std::this_thread::get_id() == worker.get_id())
+    return Status(Code::kFailedPrecondition,
+                  "save() from a callback of the same checkpoint manager (on_commit, on_retention): it would "
+                  "wait for the worker that runs the callback; save from the training thread instead");
 
   // Wait for a slot: at most max_in_flight saves are queued or running.
   {
@@ -114,6 +121,9 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
   job->started = t0;
   job->created_unix_ns = created;
 
+  // Copy mode: this save's turn to queue and copy (see copy_turn).
+  std::unique_lock<std::mutex> turn;
+  if (job->copy_mode && !job->eformer) turn = std::unique_lock(copy_turn);
   {
     std::lock_guard lock(mu);
     attempts_in_flight.insert(job->paths.attempt);

@@ -310,6 +310,30 @@ TEST_P(ManagerTest, FailedSaveLeavesPreviousLatestIntactAndNoGarbageAfterGc) {
   for (const auto& o : listed->objects) EXPECT_EQ(o.key.rfind("run-1/", 0), 0u) << o.key;
 }
 
+// On an object store the index PUT is the commit. A PUT retried after its
+// first attempt stored the index (the answer lost) can end with any error
+// (here 403: keys rotated). The index is read back whatever the error: ours
+// is there, so the step committed, and its data must stay.
+TEST(IndexPut, AnyErrorAfterTheIndexWasStoredIsReadBack) {
+  for (Code code : {Code::kPermissionDenied, Code::kInvalidArgument, Code::kNoSpace, Code::kDataLoss}) {
+    SCOPED_TRACE(Status(code, "").to_string());
+    auto faults = make_fault_storage(make_memory_storage(false));
+    ManagerOptions o;
+    o.chunk_size = 64 * 1024;
+    CheckpointManager m(faults, o);
+    faults->add_rule(FaultRule{.op = FaultOp::kPut, .key_substr = kIndexFileName, .code = code, .times = 1,
+                               .after = true});
+    auto state = sample_state(33);
+    auto h = m.save(1, views(state));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    EXPECT_TRUE(h->wait().ok()) << h->wait().to_string();
+    faults->clear_rules();
+    auto r = m.restore(1);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    expect_restored(*r, state);
+  }
+}
+
 // Waits for `f` up to a minute; a hang aborts the test binary (the thread
 // that hangs cannot be joined).
 template <typename T>

@@ -113,14 +113,12 @@ Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::s
     Status put = overwrite ? storage.put(key, bytes) : storage.put_new(key, bytes);
     if (put.ok()) return put;
     // Refused (a PUT sent again may meet the index its first attempt
-    // wrote), or failed in a way that may come after the object was stored
-    // (the answer lost, every attempt since failed): whose index is there
-    // says whether the step is committed. The index names this attempt's
-    // data files, so ours is ours.
+    // wrote), or failed with whatever error: a retried PUT whose first
+    // attempt stored the object but lost its answer ends with the error of
+    // its last attempt, which may be any (403 after a key rotation, 400,
+    // quota). Whose index is there says whether the step is committed. The
+    // index names this attempt's data files, so ours is ours.
     const bool refused = put.code() == Code::kAlreadyExists;
-    const bool maybe = put.code() == Code::kUnavailable || put.code() == Code::kIOError ||
-                       put.code() == Code::kInternal || put.code() == Code::kCancelled;
-    if (!refused && !maybe) return put;
     auto there = storage.get(key, bytes.size());
     if (there.ok()) return *there == index_json ? Status::OK() : refused ? already() : put;
     const Code code = there.status().code();

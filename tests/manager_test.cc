@@ -1592,6 +1592,33 @@ TEST_P(ManagerTest, NineteenDigitStepsAreDiscovered) {
   EXPECT_EQ(r->step, most);
 }
 
+// A step directory copied by hand under another step's name: its index
+// records step 5, and restore would read run-5's data for "step 7" (and
+// retention could delete run-5 under it). Refused as damage instead.
+TEST_P(ManagerTest, AnIndexThatRecordsAnotherStepIsDamage) {
+  auto m = manager();
+  auto state5 = sample_state(17), state6 = sample_state(18);
+  ASSERT_TRUE(m->save(5, views(state5)).value().wait().ok());
+  ASSERT_TRUE(m->save(6, views(state6)).value().wait().ok());
+  auto objs = base_->list("run-5/", false);
+  ASSERT_TRUE(objs.ok());
+  for (const auto& o : objs->objects) {
+    auto bytes = base_->get(o.key, 1 << 30);
+    ASSERT_TRUE(bytes.ok()) << bytes.status().to_string();
+    ASSERT_TRUE(base_->put("run-7/" + o.key.substr(6), std::as_bytes(std::span(*bytes))).ok());
+  }
+  auto idx = m->read_index(7);
+  EXPECT_EQ(idx.status().code(), Code::kDataLoss) << idx.status().to_string();
+  EXPECT_NE(idx.status().message().find("records step 5, not 7"), std::string::npos) << idx.status().to_string();
+  EXPECT_EQ(m->restore(7).status().code(), Code::kDataLoss);
+  auto r = m->restore(std::nullopt);  // the newest good step, past the damaged one
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->step, 6);
+  expect_restored(*r, state6);
+  ASSERT_EQ(r->skipped.size(), 1u);
+  EXPECT_EQ(r->skipped[0].step, 7);
+}
+
 TEST_P(ManagerTest, InvalidInputIsRefusedAtOnce) {
   auto m = manager();
   std::vector<float> w(4);

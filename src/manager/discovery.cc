@@ -47,6 +47,12 @@ Result<std::optional<Index>> CheckpointManager::Impl::load_index(const std::stri
   auto index = held ? parse_index(*held)
                     : index_readers::parse_index_arriving(std::string_view(text.get(), size), first, rest);
   if (!index.ok()) return index.status().annotate(owner->storage().describe() + "/" + key);
+  // Restore reads the data of the step the index records: an index copied
+  // or moved under another step's name would read another step's files.
+  if (auto named = naming.parse(dir); named && *named != index->step)
+    return data_loss(owner->storage().describe() + "/" + key + ": the index records step " +
+                     std::to_string(index->step) + ", not " + std::to_string(*named) +
+                     " (a step directory copied or renamed by hand? use `ckptio cp`)");
   return std::optional<Index>(std::move(index).value());
 }
 

@@ -382,6 +382,69 @@ TEST_P(EformerStepTest, GcLeavesEformerStepsAloneCompleteOrNot) {
   EXPECT_FALSE((*dirs)[2].committed);  // 300: in progress
 }
 
+// What the ckptio layout cannot name is refused before anything is written:
+// arrays saved without a prefix, and two array directories that name one
+// leaf. (Both were converted and committed as a step no reader accepts.)
+TEST_P(EformerStepTest, ConversionToCkptioRefusesWhatItCannotName) {
+  CopyOptions to_ckptio;
+  to_ckptio.format = "ckptio";
+  to_ckptio.dst_step_format = "conv-{step}";
+  auto edit = [&](const std::string& key, auto&& change) {
+    auto text = base_->get(key, 1 << 20);
+    ASSERT_TRUE(text.ok()) << text.status().to_string();
+    nlohmann::json j = nlohmann::json::parse(*text);
+    change(j);
+    const std::string out = j.dump();
+    ASSERT_TRUE(base_->put(key, std::as_bytes(std::span(out.data(), out.size()))).ok());
+  };
+  auto nothing_converted = [&] {
+    ManagerOptions o;
+    o.step_format = "conv-{step}";
+    auto steps = manager(o)->all_steps();
+    ASSERT_TRUE(steps.ok()) << steps.status().to_string();
+    EXPECT_TRUE(steps->empty());
+    auto left = base_->list("conv-200/", false);
+    ASSERT_TRUE(left.ok());
+    EXPECT_TRUE(left->objects.empty()) << left->objects.front().key;
+  };
+  // "model/layers.0/kernel" names the leaf "layers.0.kernel" too.
+  auto objs = base_->list("run-200/model/layers/0/kernel/", false);
+  ASSERT_TRUE(objs.ok());
+  for (const auto& o : objs->objects) {
+    auto bytes = base_->get(o.key, 1 << 30);
+    ASSERT_TRUE(bytes.ok());
+    const std::string to = "run-200/model/layers.0/kernel/" + o.key.substr(std::string("run-200/model/layers/0/kernel/").size());
+    ASSERT_TRUE(base_->put(to, std::as_bytes(std::span(bytes->data(), bytes->size()))).ok());
+  }
+  edit("run-200/tensorstore_index.json", [](nlohmann::json& j) {
+    for (const auto& a : j["prefixes"]["model"])
+      if (a["path"] == "model/layers/0/kernel") {
+        nlohmann::json twin = a;
+        twin["path"] = "model/layers.0/kernel";
+        j["prefixes"]["model"].push_back(twin);
+        break;
+      }
+  });
+  auto c = copy_step(*base_, *base_, 200, to_ckptio);
+  EXPECT_EQ(c.status().code(), Code::kInvalidArgument) << c.status().to_string();
+  EXPECT_NE(c.status().message().find("name the leaf layers.0.kernel"), std::string::npos) << c.status().to_string();
+  nothing_converted();
+  // Top-level "arrays": no prefix.
+  edit("run-200/tensorstore_index.json", [](nlohmann::json& j) {
+    nlohmann::json arrays = nlohmann::json::array();
+    for (const auto& [prefix, list] : j["prefixes"].items())
+      for (const auto& a : list)
+        if (a["path"] != "model/layers.0/kernel") arrays.push_back(a);
+    j.erase("prefixes");
+    j["arrays"] = arrays;
+  });
+  ASSERT_TRUE(manager()->restore(200).ok()) << "the step itself reads";
+  c = copy_step(*base_, *base_, 200, to_ckptio);
+  EXPECT_EQ(c.status().code(), Code::kInvalidArgument) << c.status().to_string();
+  EXPECT_NE(c.status().message().find("without a prefix"), std::string::npos) << c.status().to_string();
+  nothing_converted();
+}
+
 // cp --format: eformer -> ckptio -> eformer, bit-exact, each end committed
 // as its layout commits, read back by ckptio (and, on local disk, the last
 // one by zarr-python).

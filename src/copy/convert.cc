@@ -10,6 +10,8 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -264,6 +266,22 @@ Result<CopyStats> to_ckptio(Storage& src, const std::string& src_dir, const Inde
                             const std::string& dst_dir, const CopyOptions& o) {
   CopyStats stats;
   stats.step = index.step;
+  // What the ckptio layout cannot name, refused before anything is written:
+  // arrays saved without a prefix (eformer's top-level "arrays"), and two
+  // array directories that name one leaf ("a/b.c" and "a/b/c").
+  for (const PrefixRecord& p : index.prefixes) {
+    if (p.name.empty())
+      return invalid_argument("step " + std::to_string(index.step) + " has arrays saved without a prefix (" +
+                              (p.leaves.empty() ? std::string("none") : p.leaves.front().path) +
+                              ", ...): the ckptio layout needs one for every leaf; keep this step in the eformer "
+                              "layout (cp --format eformer)");
+    std::set<std::string_view> paths;
+    for (const LeafRecord& l : p.leaves)
+      if (!paths.insert(l.path).second)
+        return invalid_argument("step " + std::to_string(index.step) + ": two arrays of prefix " + p.name +
+                                " name the leaf " + l.path + " (their directories differ only in '.' and '/'); "
+                                "the ckptio layout cannot hold both");
+  }
   const AttemptPaths paths = plan_attempt(dst, dst_dir);
   const std::string file = data_file_name(paths.attempt, 0);
   Index out;
@@ -295,8 +313,13 @@ Result<CopyStats> to_ckptio(Storage& src, const std::string& src_dir, const Inde
     stats.data_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     out.committed_unix_ns = unix_ns_now();
     const auto t1 = Clock::now();
+    // As every writer does: parsed back before it is committed.
+    const std::string text = serialize_index(out);
+    if (auto back = parse_index(text); !back.ok())
+      return back.status().annotate("internal: the converted index of step " + std::to_string(index.step) +
+                                    " fails to parse");
     bool unknown = false;
-    Status st = commit_attempt(dst, paths, serialize_index(out), o.overwrite, &unknown);
+    Status st = commit_attempt(dst, paths, text, o.overwrite, &unknown);
     stats.commit_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
     if (!st.ok() && unknown) return st;  // the index may be there: leave the data for gc
     return st;

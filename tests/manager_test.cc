@@ -1619,6 +1619,35 @@ TEST_P(ManagerTest, AnIndexThatRecordsAnotherStepIsDamage) {
   EXPECT_EQ(r->skipped[0].step, 7);
 }
 
+// An overwrite of a step that a restore is reading: on POSIX the commit
+// exchanges the directories and the replaced files go. It waits for the
+// restore (as retention does), which reads the step it began with whole.
+TEST_P(ManagerTest, AnOverwriteWaitsForARestoreOfTheStep) {
+  auto m = manager();
+  auto old_state = sample_state(19), new_state = sample_state(20);
+  ASSERT_TRUE(m->save(5, views(old_state)).value().wait().ok());
+  std::promise<void> reading;
+  std::atomic<bool> armed{true};
+  faults_->set_hook([&](FaultOp op, const std::string& key) {
+    if (op == FaultOp::kRead && key.find("run-5/data-") != std::string::npos && armed.exchange(false)) {
+      reading.set_value();
+      std::this_thread::sleep_for(std::chrono::seconds(1));  // the overwrite's commit would land now
+    }
+  });
+  auto restore = std::async(std::launch::async, [&] { return m->restore(5); });
+  reading.get_future().wait();
+  auto h = m->save(5, views(new_state), {.overwrite = true});
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  auto r = restore.get();
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  expect_restored(*r, old_state);
+  ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+  faults_->set_hook(nullptr);
+  auto again = m->restore(5);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  expect_restored(*again, new_state);
+}
+
 TEST_P(ManagerTest, InvalidInputIsRefusedAtOnce) {
   auto m = manager();
   std::vector<float> w(4);

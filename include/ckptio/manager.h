@@ -191,7 +191,8 @@ struct ManagerOptions {
 
 struct SaveOptions {
   std::string metadata_json = "{}";  // a JSON object stored in the index
-  bool overwrite = false;            // replace a committed step atomically
+  bool overwrite = false;            // replace a committed step atomically (its commit waits
+                                     // for restores of the step in this manager to end)
   // eformer's float_dtype: float leaves are stored as this dtype.
   std::optional<DType> float_dtype;
   // Layout for restores into other shardings (docs/read-planning.md, "Row

@@ -84,6 +84,21 @@ struct CheckpointManager::Impl {
     Impl* impl_;
     int64_t step_;
   };
+  // An overwrite's commit of a step (the old step's files move away on
+  // POSIX, by RENAME_EXCHANGE): waits until no restore or verify reads the
+  // step, and holds new readers off until the commit is done, as retention
+  // does. Held only around the publish itself.
+  class ReplaceMark {
+   public:
+    ReplaceMark(Impl* impl, int64_t step);
+    ~ReplaceMark();
+    ReplaceMark(const ReplaceMark&) = delete;
+    ReplaceMark& operator=(const ReplaceMark&) = delete;
+
+   private:
+    Impl* impl_;
+    int64_t step_;
+  };
   std::map<int64_t, uint64_t> group_saves;  // multi-process saves begun, per step
 
   // ---- Save (src/save/submit.cc, src/save/pipeline.cc) ----

@@ -50,8 +50,25 @@ CheckpointManager::Impl::ReadMark::ReadMark(Impl* impl, int64_t step) : impl_(im
 }
 
 CheckpointManager::Impl::ReadMark::~ReadMark() {
-  std::lock_guard lock(impl_->mu);
-  impl_->restoring.erase(impl_->restoring.find(step_));
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->restoring.erase(impl_->restoring.find(step_));
+  }
+  impl_->cv.notify_all();  // an overwrite of the step may wait for its readers
+}
+
+CheckpointManager::Impl::ReplaceMark::ReplaceMark(Impl* impl, int64_t step) : impl_(impl), step_(step) {
+  std::unique_lock lock(impl_->mu);
+  impl_->cv.wait(lock, [&] { return impl_->restoring.count(step_) == 0 && impl_->retiring.count(step_) == 0; });
+  impl_->retiring.insert(step_);
+}
+
+CheckpointManager::Impl::ReplaceMark::~ReplaceMark() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->retiring.erase(step_);
+  }
+  impl_->cv.notify_all();
 }
 
 }  // namespace ckptio

@@ -125,6 +125,8 @@ void CheckpointManager::Impl::run_eformer_job(SaveJob& job) {
     release();  // the writer has read every shard
     stats.write_seconds = since(t0);
     const auto t1 = Clock::now();
+    std::optional<ReplaceMark> replacing;  // (an overwrite waits for the step's readers)
+    if (job.options.overwrite) replacing.emplace(this, job.step);
     Status c = writer->commit();
     stats.commit_seconds = since(t1);
     return c;

@@ -49,12 +49,14 @@ namespace {
 // A single-process save's commit: once the index prepared alongside the
 // writes is staged and reads back, and the writes succeeded (`written`),
 // the step is published.
-Status commit_single(Storage& storage, const SaveJob& job, IndexPreparer& index, Status written,
-                     double& commit_seconds, bool* outcome_unknown) {
+Status commit_single(CheckpointManager::Impl& impl, Storage& storage, const SaveJob& job, IndexPreparer& index,
+                     Status written, double& commit_seconds, bool* outcome_unknown) {
   const auto t0 = std::chrono::steady_clock::now();
   Status st = std::move(written);
   Status prepared_index = index.verdict();  // (also when the writes failed: nothing may still be staging)
   if (st.ok()) st = prepared_index;
+  std::optional<CheckpointManager::Impl::ReplaceMark> replacing;  // (an overwrite waits for the step's readers)
+  if (st.ok() && job.options.overwrite) replacing.emplace(&impl, job.step);
   if (st.ok()) st = publish_attempt(storage, job.paths, index.json(), job.options.overwrite, outcome_unknown);
   commit_seconds = seconds_since(t0);
   return st;
@@ -65,7 +67,7 @@ Status commit_single(Storage& storage, const SaveJob& job, IndexPreparer& index,
 // `*outcome_unknown`: the step may yet be committed naming this process's
 // data files (a process that timed out waiting for the coordinator, which
 // may be about to commit), so they must be left for gc.
-Status commit_group(Storage& storage, const ProcessGroup& group, const SaveJob& job,
+Status commit_group(CheckpointManager::Impl& impl, Storage& storage, const ProcessGroup& group, const SaveJob& job,
                     const std::vector<uint32_t>& crcs, Status own, double& commit_seconds,
                     bool* outcome_unknown) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -96,6 +98,8 @@ Status commit_group(Storage& storage, const ProcessGroup& group, const SaveJob& 
       index.metadata_json = job.options.metadata_json.empty() ? "{}" : job.options.metadata_json;
       std::string json = serialize_index(index);
       auto check = parse_index(json);
+      std::optional<CheckpointManager::Impl::ReplaceMark> replacing;  // (an overwrite waits for the step's readers)
+      if (check.ok() && job.options.overwrite) replacing.emplace(&impl, job.step);
       st = check.ok() ? commit_attempt(storage, job.paths, json, job.options.overwrite, outcome_unknown)
                       : check.status().annotate("internal: merged index fails to parse");
     } else {
@@ -178,9 +182,10 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
   Status st = write_data(storage, *pool, job, crcs, stats.write_seconds, [&] { tell(true); });
   tell(st.ok());  // (the writes failed before all were queued, or none was)
   if (job.group)
-    st = commit_group(storage, owner->options().processes, job, crcs, st, stats.commit_seconds, &outcome_unknown);
+    st = commit_group(*this, storage, owner->options().processes, job, crcs, st, stats.commit_seconds,
+                      &outcome_unknown);
   else
-    st = commit_single(storage, job, *index, st, stats.commit_seconds, &outcome_unknown);
+    st = commit_single(*this, storage, job, *index, st, stats.commit_seconds, &outcome_unknown);
   if (!st.ok()) {
     discard_failed(storage, job, outcome_unknown);
     st = st.annotate("save step " + std::to_string(job.step));

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -34,6 +35,7 @@
 #include "src/layout/layout.h"
 #include "src/save/crew.h"
 #include "src/save/save_plan.h"
+#include "src/transform/cast.h"
 #include "src/util/populate.h"
 #include "testutil/backend_fixture.h"
 #include "testutil/owned_leaves.h"
@@ -1164,6 +1166,40 @@ TEST_P(ManagerTest, TemplateMismatchesReportedTogether) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->leaves[1].dtype, DType::kFloat32);
   EXPECT_EQ(r->leaves[1].data.size(), 64u * 129 * 4);
+}
+
+// float64 to bfloat16 and float16 rounds once, to nearest even: through a
+// float rounded to nearest first, a value just above a tie became the tie
+// and then rounded to even, one unit low.
+TEST(Cast, Float64ToHalfWidthsRoundsOnce) {
+  auto cast1 = [](double v, DType to) {
+    uint16_t out = 0;
+    EXPECT_TRUE(cast_elements(DType::kFloat64, to, &v, &out, 1).ok());
+    return out;
+  };
+  const double above_bf16_tie = 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40);
+  const double above_f16_tie = 1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40);
+  EXPECT_EQ(cast1(above_bf16_tie, DType::kBFloat16), 0x3f81);
+  EXPECT_EQ(cast1(-above_bf16_tie, DType::kBFloat16), 0xbf81);
+  EXPECT_EQ(cast1(above_f16_tie, DType::kFloat16), 0x3c01);
+  EXPECT_EQ(cast1(-above_f16_tie, DType::kFloat16), 0xbc01);
+  // Exact ties still go to even; exact values stay exact.
+  EXPECT_EQ(cast1(1.0 + std::ldexp(1.0, -8), DType::kBFloat16), 0x3f80);
+  EXPECT_EQ(cast1(1.0 + 3 * std::ldexp(1.0, -8), DType::kBFloat16), 0x3f82);
+  EXPECT_EQ(cast1(1.0 + std::ldexp(1.0, -11), DType::kFloat16), 0x3c00);
+  EXPECT_EQ(cast1(1.5, DType::kFloat16), 0x3e00);
+  EXPECT_EQ(cast1(1.5, DType::kBFloat16), 0x3fc0);
+  // Beyond float's range: infinity; far below the smallest subnormal: zero.
+  EXPECT_EQ(cast1(1e300, DType::kBFloat16), 0x7f80);
+  EXPECT_EQ(cast1(-1e300, DType::kFloat16), 0xfc00);
+  EXPECT_EQ(cast1(1e-300, DType::kBFloat16), 0x0000);
+  EXPECT_EQ(cast1(-1e-300, DType::kFloat16), 0x8000);
+  EXPECT_EQ(cast1(std::nan(""), DType::kBFloat16) & 0x7fc0, 0x7fc0);
+  // float64 -> float32 is the one rounding, unchanged.
+  double v = above_bf16_tie;
+  float f = 0;
+  ASSERT_TRUE(cast_elements(DType::kFloat64, DType::kFloat32, &v, &f, 1).ok());
+  EXPECT_EQ(f, static_cast<float>(v));
 }
 
 TEST_P(ManagerTest, FloatDtypeCastOnSave) {

@@ -67,10 +67,22 @@ double load(DType t, const unsigned char* p) {
   }
 }
 
+// A double narrowed to float rounding to odd: toward zero, with the last bit
+// set when anything was dropped. Rounding that float to a narrower type (11
+// or 8 significant bits against float's 24) to nearest even then equals
+// rounding the double directly; rounding to nearest twice could not tell a
+// value just above a tie from the tie (1 + 2^-8 + 2^-40 to bfloat16).
+float to_float_odd(double v) {
+  float f = static_cast<float>(v);
+  if (std::isnan(v) || static_cast<double>(f) == v) return f;
+  if (std::fabs(static_cast<double>(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);
+  return float_of(bits_of(f) | 1);
+}
+
 void store(DType t, double v, unsigned char* p) {
   switch (t) {
-    case DType::kFloat16: { uint16_t u = float_to_f16(static_cast<float>(v)); std::memcpy(p, &u, 2); break; }
-    case DType::kBFloat16: { uint16_t u = float_to_bf16(static_cast<float>(v)); std::memcpy(p, &u, 2); break; }
+    case DType::kFloat16: { uint16_t u = float_to_f16(to_float_odd(v)); std::memcpy(p, &u, 2); break; }
+    case DType::kBFloat16: { uint16_t u = float_to_bf16(to_float_odd(v)); std::memcpy(p, &u, 2); break; }
     case DType::kFloat32: { float f = static_cast<float>(v); std::memcpy(p, &f, 4); break; }
     default: std::memcpy(p, &v, 8); break;
   }

@@ -1697,8 +1697,19 @@ TEST_P(ManagerTest, InvalidInputIsRefusedAtOnce) {
             Code::kInvalidArgument);
   EXPECT_EQ(m->save(1, {LeafView::full("model", "a", DType::kFloat32, {4}, nullptr)}).status().code(),
             Code::kInvalidArgument);
+  // What the index reader refuses: refused here, not after the data is written.
+  for (const char* prefix : {".", ".."})
+    EXPECT_EQ(m->save(1, {LeafView::full(prefix, "a", DType::kFloat32, {4}, w.data())}).status().code(),
+              Code::kInvalidArgument) << prefix;
+  Shape rank33(33, 1);
+  auto deep = m->save(1, {LeafView::full("model", "a", DType::kFloat32, rank33, w.data())});
+  EXPECT_EQ(deep.status().code(), Code::kInvalidArgument) << deep.status().to_string();
+  EXPECT_NE(deep.status().message().find("rank 33"), std::string::npos) << deep.status().to_string();
   EXPECT_EQ(m->restore(5).status().code(), Code::kNotFound);
   EXPECT_EQ(m->restore(std::nullopt).status().code(), Code::kNotFound);
+  Shape rank32(32, 1);  // the limit itself is fine
+  EXPECT_TRUE(m->save(1, {LeafView::full("model", "a", DType::kFloat32, rank32, w.data())}).value().wait().ok());
+  EXPECT_TRUE(m->restore(1).ok());
 }
 
 TEST_P(ManagerTest, BorrowModeWritesLargeShardsStraightFromCallerMemory) {

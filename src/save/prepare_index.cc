@@ -30,7 +30,15 @@ Status IndexPreparer::verdict() {
     prepared_ = std::async(std::launch::deferred, [this] { prepare(); });
     prepared_.wait();
   }
-  return verdict_.get();  // (also when the writes failed: nothing may still be staging)
+  // (Also when the writes failed: nothing may still be staging.) What the
+  // preparation threw (out of memory) fails this save, not the worker.
+  try {
+    return verdict_.get();
+  } catch (const std::exception& e) {
+    return internal_error(std::string("prepare the index: ") + e.what());
+  } catch (...) {
+    return internal_error("prepare the index: an unknown exception");
+  }
 }
 
 void IndexPreparer::prepare() {

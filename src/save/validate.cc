@@ -4,6 +4,7 @@
 #include <string>
 #include <string_view>
 
+#include "ckptio/index.h"
 #include "src/util/position_table.h"
 
 namespace ckptio {
@@ -24,6 +25,13 @@ Status validate_leaf(const LeafView& leaf, bool partial) {
   if (leaf.prefix.find_first_of(std::string("/\\\0", 3)) != std::string::npos ||
       leaf.path.find('\0') != std::string::npos)
     return invalid_argument("leaf '" + name() + "': prefix has '/', '\\' or NUL");
+  // What the index reader refuses, refused here and not after every byte is
+  // written (the index is parsed back before the commit).
+  if (!is_safe_relative_name(leaf.prefix))
+    return invalid_argument("leaf '" + name() + "': prefix '" + leaf.prefix + "' is not a safe name");
+  if (leaf.shape.size() > IndexLimits{}.max_rank)
+    return invalid_argument("leaf '" + name() + "': rank " + std::to_string(leaf.shape.size()) +
+                            " is above the index's limit of " + std::to_string(IndexLimits{}.max_rank));
   if (static_cast<int>(leaf.dtype) >= kNumDTypes)
     return invalid_argument("leaf '" + name() + "': unknown dtype");
   auto total = checked_num_bytes(leaf.shape, dtype_size(leaf.dtype));

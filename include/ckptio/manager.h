@@ -439,7 +439,10 @@ class CheckpointManager {
   // a stall that grows with the number of leaves. For views built for this
   // save.
   Result<SaveHandle> save(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options = {});
-  // Waits for every save so far; returns the first error among them.
+  // Waits for every save so far; returns the first error among the saves
+  // since a previous call returned one (an error is returned once: of
+  // several threads waiting at once, one gets it; each save's handle keeps
+  // its own outcome).
   Status wait_until_finished();
   // Copy mode: allocates the staging buffers a save of `state_bytes` uses
   // (at most staging_budget) and faults their pages in now, on the calling

@@ -343,6 +343,21 @@ TEST_P(GroupSaveTest, AProcessThatTimesOutKeepsItsDataForTheCoordinatorsCommit) 
   expect_step(6, state);
 }
 
+// A manifest put that took effect and then failed (a directory fsync after
+// the rename): the coordinator read it and committed the step, which holds
+// this process's durable data. The process reports the commit, as all do.
+TEST_P(GroupSaveTest, AManifestPutThatFailedAfterTakingEffectStillReportsTheCommit) {
+  const auto state = global_state(10);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  faults_->add_rule(FaultRule{.op = FaultOp::kPut, .key_substr = "-p1.json", .code = Code::kIOError,
+                              .times = 1, .after = true});
+  auto out = save_all(7, states, options_for(2, /*timeout=*/30));
+  faults_->clear_rules();
+  for (int p = 0; p < 2; ++p) EXPECT_TRUE(out[p].ok()) << "process " << p << ": " << out[p].to_string();
+  expect_step(7, state);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, GroupSaveTest, testutil::local_backends(), testutil::backend_name);
 
 TEST(GroupSave, OptionsAreChecked) {

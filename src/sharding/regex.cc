@@ -49,7 +49,10 @@ Status check_python_regex(std::string_view p) {
       const char e = p[i + 1];
       if (e >= '1' && e <= '9')
         return unsupported(p, i, std::string("the backreference \\") + e + " is not supported by RE2");
-      if (e == 'Z') return unsupported(p, i, "\\Z is not supported by RE2; write \\z (the same in Python: end of text)");
+      if (e == 'Z')
+        return unsupported(p, i, "\\Z is not supported by RE2; write $ (the same in Python for a path that does "
+                                 "not end in a newline), or \\z (end of text in RE2, but Python before 3.14 "
+                                 "refuses it)");
       ++i;
     } else if (c == '[') {
       size_t j = i + 1;

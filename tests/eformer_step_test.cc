@@ -103,6 +103,16 @@ class EformerStepTest : public testutil::S3BackendTest {
     if (!work_.empty()) fs::remove_all(work_);
     BackendTest::TearDown();
   }
+  // Rewrites the JSON object at `key` through `change`.
+  template <typename F>
+  void edit_json(const std::string& key, F&& change) {
+    auto text = base_->get(key, 1 << 20);
+    ASSERT_TRUE(text.ok()) << text.status().to_string();
+    nlohmann::json j = nlohmann::json::parse(*text);
+    change(j);
+    const std::string out = j.dump();
+    ASSERT_TRUE(base_->put(key, std::as_bytes(std::span(out.data(), out.size()))).ok());
+  }
   std::unique_ptr<CheckpointManager> manager(ManagerOptions o = {}) {
     return std::make_unique<CheckpointManager>(base_, o);
   }
@@ -294,14 +304,7 @@ TEST_P(EformerStepTest, SizesNoEncodingHasAreRefusedBeforeAnythingIsAllocated) {
   auto m = manager();
   RestoreOptions o;
   o.select.path_regex = "^nu$";
-  auto edit = [&](const std::string& key, auto&& change) {
-    auto text = base_->get(key, 1 << 20);
-    ASSERT_TRUE(text.ok()) << text.status().to_string();
-    nlohmann::json j = nlohmann::json::parse(*text);
-    change(j);
-    const std::string out = j.dump();
-    ASSERT_TRUE(base_->put(key, std::as_bytes(std::span(out.data(), out.size()))).ok());
-  };
+  auto edit = [&](const std::string& key, auto&& change) { edit_json(key, change); };
   if (GetParam() == Backend::kLocal) {  // the original .zarray, a 1 TiB chunk 0/0
     fs::resize_file(dir_ / "run-200/tx/nu/0/0", uint64_t{1} << 40);
     auto r = m->restore(200, o);
@@ -389,14 +392,7 @@ TEST_P(EformerStepTest, ConversionToCkptioRefusesWhatItCannotName) {
   CopyOptions to_ckptio;
   to_ckptio.format = "ckptio";
   to_ckptio.dst_step_format = "conv-{step}";
-  auto edit = [&](const std::string& key, auto&& change) {
-    auto text = base_->get(key, 1 << 20);
-    ASSERT_TRUE(text.ok()) << text.status().to_string();
-    nlohmann::json j = nlohmann::json::parse(*text);
-    change(j);
-    const std::string out = j.dump();
-    ASSERT_TRUE(base_->put(key, std::as_bytes(std::span(out.data(), out.size()))).ok());
-  };
+  auto edit = [&](const std::string& key, auto&& change) { edit_json(key, change); };
   auto nothing_converted = [&] {
     ManagerOptions o;
     o.step_format = "conv-{step}";

@@ -230,6 +230,35 @@ TEST_F(S3MotoFaulty, CompleteWhoseAnswerIsLostSucceeds) {
   EXPECT_EQ(std::memcmp(r->leaves[0].data.data(), big.data(), big.size()), 0);
 }
 
+// Each attempt is signed when it is sent, not when it is queued: with one
+// connection and 1 s per PUT, six PUTs (and the retry of the first, which
+// gets a 503) wait up to ~6 s for their turn; a signature made when queued
+// would reach the server that old (past 15 minutes S3 answers 403
+// RequestTimeTooSkewed). The proxy records the oldest X-Amz-Date it sees,
+// in whole seconds: with signing at the send it is under a second old.
+TEST_F(S3MotoFaulty, EachAttemptIsSignedWhenItIsSent) {
+  rules("fault=status status=503 op=PutObject count=1\n"
+        "fault=latency delay=1 op=PutObject skip=1");
+  s3::S3Config one = config_;
+  one.max_connections = 1;
+  auto s = s3::make_s3_storage(store_->describe(), one);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  std::shared_ptr<s3::S3Storage> store = *s;
+  const std::string body = "signed when sent";
+  std::vector<std::thread> puts;
+  std::vector<Status> got(6);
+  for (size_t i = 0; i < got.size(); ++i)
+    puts.emplace_back([&, i] { got[i] = store->put("k" + std::to_string(i), std::as_bytes(std::span(body))); });
+  for (auto& t : puts) t.join();
+  for (const Status& st : got) EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(count("op.PutObject"), 7);
+  EXPECT_EQ(count("rule.0.injected"), 1);
+  EXPECT_EQ(store->s3_stats().retries, 1u);
+  const long age_ms = count("amz_date_age_max_ms");
+  EXPECT_GE(age_ms, 0);
+  EXPECT_LT(age_ms, 2000) << "a request was signed long before it was sent";
+}
+
 // If-Match: a ranged read that started on one version of an object fails
 // rather than mixing in bytes of a newer version written meanwhile.
 TEST_F(S3MotoFaulty, ReadNeverMixesVersions) {

@@ -40,6 +40,12 @@ struct HttpRequest {
   // it replaces `sink`; `sink_size` is ignored.
   std::vector<std::span<std::byte>> scatter;
   uint64_t max_body = 64ull << 20;
+  // Called on the loop thread right before the transfer starts -- after any
+  // delay (a retry's backoff) and any wait for a free slot among
+  // max_in_flight -- to finish the request (url, headers): the S3 client signs
+  // here, so that a signature's date is the moment of sending however long
+  // the request queued. It must not block.
+  std::function<void(HttpRequest&)> prepare;
 };
 
 struct HttpResponse {

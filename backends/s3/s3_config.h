@@ -102,8 +102,9 @@ struct S3Config {
   // "" when anonymous.
   std::string credentials_source;
   // Set for credentials that expire and are renewed (web identity, container,
-  // instance metadata): every request attempt signs with its current() set,
-  // and `creds` is only the first one. Shared by copies of the config.
+  // instance metadata): every request attempt signs with its current() set
+  // as it is sent, and `creds` is only the first one. Shared by copies of
+  // the config.
   std::shared_ptr<CredentialProvider> credential_provider;
 
   // One line for logs and `ckptio` output: endpoint, region, addressing,

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <future>
 #include <random>
 #include <string>
 #include <thread>
@@ -210,8 +211,9 @@ TEST_F(S3MotoFaulty, CompleteWithErrorInside200IsRetried) {
 }
 
 // The server completes the upload but its answer is lost (a reset after the
-// upstream answered): the retry finds no such upload (S3: 404 NoSuchUpload;
-// moto: 500). The object is there, with the ETag these parts make: the save
+// upstream answered): the retry meets an upload already completed. moto
+// treats a repeated Complete as idempotent (200, the object's ETag); MinIO
+// and others answer 404 NoSuchUpload (the next test). Either way the save
 // succeeds, and the object is not deleted or re-uploaded.
 TEST_F(S3MotoFaulty, CompleteWhoseAnswerIsLostSucceeds) {
   rules("fault=reset op=CompleteMultipartUpload when=response count=1");
@@ -257,6 +259,51 @@ TEST_F(S3MotoFaulty, EachAttemptIsSignedWhenItIsSent) {
   const long age_ms = count("amz_date_age_max_ms");
   EXPECT_GE(age_ms, 0);
   EXPECT_LT(age_ms, 2000) << "a request was signed long before it was sent";
+}
+
+// As above, but the retry is answered as MinIO answers it: 404 NoSuchUpload.
+// The object is there, of the size and (ETag "md5-3") the 3 parts written:
+// the save succeeds and the object is intact.
+TEST_F(S3MotoFaulty, CompleteWhoseRetryFindsNoSuchUploadSucceeds) {
+  rules("fault=reset op=CompleteMultipartUpload when=response count=1\n"
+        "fault=status status=404 code=NoSuchUpload op=CompleteMultipartUpload count=1 "
+        "message='The specified upload does not exist.'");
+  auto big = random_bytes(2 * kS3TestPart + 10, 10);
+  int32_t n = 1;
+  CheckpointManager m(store_, manager_options());
+  auto h = m.save(1, state(big, n));
+  ASSERT_TRUE(h.ok());
+  Status st = h->wait();
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(count("faults.reset"), 1);
+  EXPECT_EQ(count("faults.status"), 1);
+  EXPECT_EQ(count("op.CompleteMultipartUpload"), 2);
+  EXPECT_GE(count("op.HeadObject"), 1);  // the object checked (the commit HEADs too)
+  EXPECT_EQ(count("op.AbortMultipartUpload"), 0);
+  EXPECT_EQ(count("op.UploadPart"), 3) << "parts uploaded again";
+  auto r = m.restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(std::memcmp(r->leaves[0].data.data(), big.data(), big.size()), 0);
+  EXPECT_TRUE(m.verify(1).ok());
+}
+
+// ... but not when the object there is not the one these parts make: the
+// retry's NoSuchUpload then stands (the upload was aborted meanwhile).
+TEST_F(S3MotoFaulty, CompleteWhoseRetryFindsNoSuchUploadAndNoObjectFails) {
+  rules("fault=status status=500 op=CompleteMultipartUpload count=1\n"
+        "fault=status status=404 code=NoSuchUpload op=CompleteMultipartUpload count=1");
+  auto big = random_bytes(2 * kS3TestPart + 10, 11);
+  auto w = store_->create("obj", big.size());
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  std::promise<Status> wrote;
+  (*w)->write_async(0, big, [&](Status s) { wrote.set_value(s); });
+  ASSERT_TRUE(wrote.get_future().get().ok());
+  Status st = (*w)->finish(big.size());
+  EXPECT_EQ(st.code(), Code::kNotFound) << st.to_string();
+  EXPECT_NE(st.message().find("NoSuchUpload"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("not there either"), std::string::npos) << st.to_string();
+  EXPECT_EQ(count("op.HeadObject"), 1);
+  EXPECT_EQ(count("op.AbortMultipartUpload"), 1);
 }
 
 // If-Match: a ranged read that started on one version of an object fails

@@ -159,6 +159,8 @@ int on_seek(void* p, curl_off_t offset, int origin) {
   auto* t = static_cast<Transfer*>(p);
   if (origin != SEEK_SET || offset < 0 || static_cast<uint64_t>(offset) > t->req.body.size())
     return CURL_SEEKFUNC_CANTSEEK;
+  // curl rewinds a body it has sent (part of) only to send the request again.
+  if (offset == 0 && t->body_pos > 0) ++t->resp.resends;
   t->body_pos = static_cast<uint64_t>(offset);
   return CURL_SEEKFUNC_OK;
 }

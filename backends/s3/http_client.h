@@ -56,6 +56,10 @@ struct HttpResponse {
   std::string body;
   uint64_t sink_bytes = 0;  // bytes written into the sink
   bool body_too_large = false;
+  // Times libcurl sent the request again by itself: a reused connection that
+  // died before any answer is retried on a new one, and a body already read
+  // is rewound for it. The server may have acted on the first send.
+  int resends = 0;
 
   const std::string* header(const std::string& lower_name) const {
     auto it = headers.find(lower_name);

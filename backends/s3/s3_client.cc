@@ -35,6 +35,7 @@ struct S3Client::Attempt {
   S3Done done;
   std::string payload_hash;
   int attempts = 0;
+  int resends = 0;  // by libcurl itself, over all attempts (HttpResponse::resends)
   std::string signed_region;  // of the attempt in flight
   bool redirected = false;    // sent again for the bucket's region once already
 };
@@ -174,6 +175,7 @@ void S3Client::prepare(Attempt& a, HttpRequest& req) {
 
 void S3Client::on_response(std::shared_ptr<Attempt> a, HttpResponse resp) {
   const std::string what = a->op.method + " " + describe(a->op.key);
+  a->resends += resp.resends;
   Status st;
   if (resp.curl_code != CURLE_OK) {
     if (resp.body_too_large) {
@@ -219,6 +221,7 @@ void S3Client::on_response(std::shared_ptr<Attempt> a, HttpResponse resp) {
   }
   if (!st.ok() && a->attempts > 1)
     st = Status(st.code(), st.message() + " (after " + std::to_string(a->attempts) + " attempts)");
+  if (a->op.attempts) *a->op.attempts = a->attempts + a->resends;
   S3Done done = std::move(a->done);
   done(std::move(st), std::move(resp));
 }

@@ -50,6 +50,11 @@ struct S3Op {
   // Judges a 2xx response. A non-OK status fails the attempt; it is retried
   // when retryable() (e.g. an <Error> inside a 200, a truncated body).
   std::function<Status(const HttpResponse&)> check;
+  // If set, receives how many times the request was sent, before the
+  // callback runs: its attempts and libcurl's own resends of a request with
+  // a body (HttpResponse::resends). CompleteMultipartUpload tells a retry
+  // that may have met its own success so.
+  int* attempts = nullptr;
 };
 
 using S3Done = std::function<void(Status, HttpResponse)>;

@@ -9,7 +9,9 @@
 // upload; each write_async() range (offset a multiple of part_size) becomes
 // one UploadPart per part_size slice, sent in parallel and retried on its own;
 // finish() completes the upload (an <Error> inside its 200 response is an
-// error), and any failure aborts it so no parts are left behind. An object of
+// error; a repeated Complete answered 404 NoSuchUpload is a success when the
+// object is there with the size and part count written), and any failure
+// aborts it so no parts are left behind. An object of
 // at most one part is written with a single PutObject (its one range must
 // cover [0, final size)): for create_new() (a save's data objects, at most
 // data_object_bytes() = one part each) sent from the caller's buffer as soon

@@ -478,6 +478,34 @@ TEST(S3Config, EndpointValidation) {
   EXPECT_EQ(r.status().message().find("hunter2"), std::string::npos);
 }
 
+// A part size that is not a multiple of 4096 would make every staging chunk
+// lcm(part, 4096) bytes: 1.5 GiB for --s3-part-size 100MB. Refused, naming
+// the multiples of 4096 on either side.
+TEST(S3Config, PartSizeMustBeAMultipleOf4096) {
+  S3ConfigOverrides o;
+  o.part_size = 100'000'000;  // 100MB
+  const auto r = Fakes().resolve(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  for (const char* want : {"100000000", "multiple of 4096", "99999744", "100003840"})
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << want << " not in " << r.status().to_string();
+  for (uint64_t ok : {uint64_t{100} << 20, uint64_t{99'999'744}, uint64_t{100'003'840}, (uint64_t{5} << 20) + 4096}) {
+    o.part_size = ok;
+    const auto c = Fakes().resolve(o);
+    ASSERT_TRUE(c.ok()) << ok << ": " << c.status().to_string();
+    EXPECT_EQ(c->part_size, ok);
+  }
+  // Near the limits the neighbours stay within them.
+  o.part_size = (5ull << 20) + 1;
+  const auto low = Fakes().resolve(o);
+  ASSERT_FALSE(low.ok());
+  EXPECT_NE(low.status().message().find(std::to_string(5ull << 20) + " and " + std::to_string((5ull << 20) + 4096)),
+            std::string::npos) << low.status().to_string();
+  // make_s3_storage, for a config made by hand, refuses it too.
+  EXPECT_EQ(check_part_size(100'000'000).code(), Code::kInvalidArgument);
+  EXPECT_TRUE(check_part_size(16u << 20).ok());
+}
+
 TEST(S3Config, LimitsValidation) {
   auto fails = [](auto set) {
     S3ConfigOverrides o;
@@ -490,6 +518,7 @@ TEST(S3Config, LimitsValidation) {
   EXPECT_TRUE(fails([](S3ConfigOverrides& o) { o.part_size = (5ull << 30) + 1; }));
   EXPECT_FALSE(fails([](S3ConfigOverrides& o) { o.part_size = 5u << 20; }));
   EXPECT_FALSE(fails([](S3ConfigOverrides& o) { o.part_size = 5ull << 30; }));
+  EXPECT_TRUE(fails([](S3ConfigOverrides& o) { o.part_size = (8u << 20) + 1; }));
   EXPECT_TRUE(fails([](S3ConfigOverrides& o) { o.retry = RetryPolicy{0, 0.1, 20}; }));
   EXPECT_TRUE(fails([](S3ConfigOverrides& o) { o.retry = RetryPolicy{3, -0.1, 20}; }));
   EXPECT_TRUE(fails([](S3ConfigOverrides& o) { o.retry = RetryPolicy{3, 0.1, std::numeric_limits<double>::infinity()}; }));

@@ -83,7 +83,7 @@ struct S3Config {
   // where TLS already protects the bytes and hashing 16 MiB parts costs CPU.
   bool sign_payloads = true;
   uint32_t max_connections = 32;
-  uint64_t part_size = 16 << 20;  // multipart part size, in [5 MiB, 5 GiB]
+  uint64_t part_size = 16 << 20;  // multipart part size, in [5 MiB, 5 GiB], a multiple of 4096
   RetryPolicy retry;
   double connect_timeout_s = 10;
   double request_timeout_s = 60;  // low-speed / stall timeout, not a total deadline
@@ -195,7 +195,8 @@ using ReadFile = std::function<std::optional<std::string>(const std::string& pat
 // Validation (kInvalidArgument): endpoint is http(s)://host[:port] with no
 // user info, path, query or fragment (a trailing '/' and a default port,
 // :80 for http and :443 for https, are dropped, as curl drops them from Host); a partial
-// credential pair; part_size outside [5 MiB, 5 GiB]; max_connections 0;
+// credential pair; part_size outside [5 MiB, 5 GiB] or not a multiple of 4096
+// (check_part_size); max_connections 0;
 // max_attempts < 1; negative or non-finite backoff seconds (0 is allowed, for
 // tests); zero, negative or non-finite timeouts; a region outside [A-Za-z0-9._-].
 // Without use_network it never touches the network nor runs a
@@ -206,5 +207,12 @@ Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& get
 // The same with the process environment (std::getenv), the filesystem and the
 // network.
 Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o);
+
+// kInvalidArgument unless part_size is within S3's [5 MiB, 5 GiB] and a
+// multiple of 4096: a save stages whole parts in chunks aligned to 4 KiB
+// pages, lcm(part_size, 4096) bytes each, so 100 MB (100,000,000 bytes)
+// would make every chunk 1.5 GiB. The message names the nearest valid sizes.
+// resolve_s3_config and make_s3_storage check it.
+Status check_part_size(uint64_t part_size);
 
 }  // namespace ckptio::s3

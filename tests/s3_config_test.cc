@@ -337,6 +337,51 @@ TEST(S3Config, RegionDrivesTheDefaultEndpoint) {
   EXPECT_FALSE(f.resolve().ok());
 }
 
+// Addressing "auto" on AWS's default endpoint is virtual-hosted only for a
+// bucket name that is a valid TLS host label: a dotted name
+// (my.bucket.s3.us-east-1.amazonaws.com is not covered by the wildcard
+// certificate), an uppercase one or one with '_' goes path style, as in
+// botocore. An explicit "virtual" stays virtual.
+TEST(S3Config, BucketsThatAreNotDnsNamesArePathStyleUnderAuto) {
+  for (const std::string& b : {std::string("ckpt"), std::string("my-bucket-1"), std::string("a1b"),
+                               std::string(63, 'x')})
+    EXPECT_TRUE(dns_compatible_bucket(b)) << b;
+  for (const char* b : {"my.bucket", "My-Bucket", "my_bucket", "ab", "-ab", "ab-", "a.b.c", ""})
+    EXPECT_FALSE(dns_compatible_bucket(b)) << b;
+  EXPECT_FALSE(dns_compatible_bucket(std::string(64, 'x')));
+
+  Fakes f;
+  S3ConfigOverrides o;
+  o.bucket = "ckpt";
+  auto c = f.resolve(o);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->endpoint, "https://s3.us-east-1.amazonaws.com");
+  EXPECT_FALSE(c->path_style);
+  for (const char* b : {"my.ckpt.bucket", "Ckpt", "ckpt_bucket"}) {
+    o.bucket = b;
+    c = f.resolve(o);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    EXPECT_TRUE(c->path_style) << b;
+    EXPECT_NE(c->describe_redacted().find("addressing=path"), std::string::npos) << b;
+  }
+  // The profile's auto is the same; its virtual, or the override, wins.
+  f.env = {{"HOME", "/h"}};
+  f.files["/h/.aws/config"] = "[default]\ns3 =\n  addressing_style = auto\n";
+  o.bucket = "my.ckpt.bucket";
+  c = f.resolve(o);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE(c->path_style);
+  f.files["/h/.aws/config"] = "[default]\ns3 =\n  addressing_style = virtual\n";
+  c = f.resolve(o);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_FALSE(c->path_style);
+  f.files.clear();
+  o.path_style = false;
+  c = f.resolve(o);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_FALSE(c->path_style);
+}
+
 TEST(S3Config, FileLocationsFromEnvironment) {
   Fakes f;
   f.env = {{"HOME", "/home/u"}, {"AWS_CONFIG_FILE", "~/cfg"}, {"AWS_SHARED_CREDENTIALS_FILE", "/etc/creds"}};

@@ -80,7 +80,7 @@ Status resolve_addressing(const S3ConfigOverrides& o, const ConfigSources& src, 
     const std::string style = lowercase(src.from_profile("s3.addressing_style").value_or("auto"));
     if (style == "path") c.path_style = true;
     else if (style == "virtual") c.path_style = false;
-    else if (style == "auto") c.path_style = endpoint_given;
+    else if (style == "auto") c.path_style = endpoint_given || (o.bucket && !dns_compatible_bucket(*o.bucket));
     else return invalid_argument(profile_source + ": s3.addressing_style must be path, virtual or auto");
   }
 
@@ -98,6 +98,13 @@ Status resolve_addressing(const S3ConfigOverrides& o, const ConfigSources& src, 
 }
 
 }  // namespace
+
+bool dns_compatible_bucket(std::string_view b) {
+  if (b.size() < 3 || b.size() > 63) return false;
+  for (char c : b)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  return b.front() != '-' && b.back() != '-';
+}
 
 Status check_part_size(uint64_t part_size) {
   if (part_size < kMinPartSize || part_size > kMaxPartSize)

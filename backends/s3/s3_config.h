@@ -130,7 +130,18 @@ struct S3ConfigOverrides {
   std::optional<std::string> sse;
   std::optional<std::string> sse_kms_key_id;
   std::optional<std::string> storage_class;
+  // Not a setting: the bucket the configuration is for, when known (open_s3_uri
+  // sets it). Under addressing "auto" a bucket name that is not DNS-compatible
+  // is addressed path style (see path_style below).
+  std::optional<std::string> bucket;
 };
+
+// Whether a bucket name can be a host name label under TLS, as botocore's
+// check_dns_name decides: 3 to 63 characters of lowercase letters, digits and
+// '-', starting and ending with a letter or digit. A '.' is refused too: the
+// name would be several labels, which AWS's wildcard certificate
+// (*.s3.REGION.amazonaws.com) does not cover.
+bool dns_compatible_bucket(std::string_view bucket);
 
 using GetEnv = std::function<std::optional<std::string>(const std::string& name)>;
 // Returns a file's contents, or nullopt when it does not exist or cannot be read.
@@ -176,8 +187,11 @@ using ReadFile = std::function<std::optional<std::string>(const std::string& pat
 //              describe_redacted() says "anonymous"). An override of false with
 //              no credentials found is an error.
 //   path_style override; profile "s3.addressing_style" (path | virtual | auto);
-//              true when the endpoint was given explicitly (MinIO, Ceph, moto
-//              have no per-bucket DNS), false for the AWS default endpoint
+//              auto (the default): true when the endpoint was given explicitly
+//              (MinIO, Ceph, moto have no per-bucket DNS) or overrides.bucket is
+//              not dns_compatible_bucket() (a dotted name would fail TLS as a
+//              host name, as in botocore), false otherwise (the AWS default
+//              endpoint)
 //   sign_payloads  override; profile "s3.payload_signing_enabled" (true | false);
 //              else true for http:// endpoints, false for https://
 //   retry.max_attempts  AWS_MAX_ATTEMPTS, profile "max_attempts", if not overridden

@@ -306,6 +306,60 @@ TEST_F(S3MotoFaulty, CompleteWhoseRetryFindsNoSuchUploadAndNoObjectFails) {
   EXPECT_EQ(count("op.AbortMultipartUpload"), 1);
 }
 
+// A ranged GET is answered with the bytes asked for, or it fails: a 206 of
+// other bytes (the proxy sends another Range upstream) and a 200 with the
+// whole object (the proxy drops the Range, as a server that ignores it) are
+// the server's fault, kUnavailable (retried), not damage; a 200 is accepted
+// for a read of the whole object.
+TEST_F(S3MotoFaulty, ARangedGetIsAnsweredWithTheRangeAskedOrFails) {
+  const uint64_t size = 100000;
+  auto data = random_bytes(size, 12);
+  ASSERT_TRUE(store_->put("obj", data).ok());
+  std::vector<std::byte> got(size);
+  auto read = [&](uint64_t off, uint64_t len) {
+    ReadRequest req{"obj", off, len, got.data()};
+    return store_->read(std::span(&req, 1));
+  };
+
+  rules("fault=range range=bytes=0-999 op=GetObject");
+  Status st = read(4096, 1000);
+  EXPECT_EQ(st.code(), Code::kUnavailable) << st.to_string();
+  EXPECT_NE(st.message().find("Content-Range 'bytes 0-999/100000' to a GET of bytes=4096-5095"), std::string::npos)
+      << st.to_string();
+  EXPECT_EQ(count("op.GetObject"), config_.retry.max_attempts);
+
+  rules("fault=range range= op=GetObject");
+  for (uint64_t off : {uint64_t{0}, uint64_t{4096}}) {
+    st = read(off, 1000);
+    EXPECT_EQ(st.code(), Code::kUnavailable) << off << ": " << st.to_string();
+    EXPECT_NE(st.message().find("the server ignored the Range"), std::string::npos) << st.to_string();
+  }
+  st = read(0, size);  // the whole object: a 200 is the answer asked for
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(std::memcmp(got.data(), data.data(), size), 0);
+  EXPECT_EQ(count("faults.range"), 3 * config_.retry.max_attempts + 1);
+}
+
+// A server that ignores Range fails restore-latest with its error instead of
+// making it skip every step as damaged.
+TEST_F(S3MotoFaulty, AServerIgnoringRangeIsNotStepDamage) {
+  auto big = random_bytes(3 * kS3TestPart + 1000, 13);
+  int32_t n = 1;
+  CheckpointManager m(store_, manager_options());
+  ASSERT_TRUE(m.save(1, state(big, n)).ok());
+  ASSERT_TRUE(m.wait_until_finished().ok());
+  rules("fault=range range= op=GetObject header=^Range:");
+  auto r = m.restore(std::nullopt);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("ignored the Range"), std::string::npos) << r.status().to_string();
+  EXPECT_EQ(r.status().message().find("skipping damaged"), std::string::npos) << r.status().to_string();
+  rules("");
+  r = m.restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(std::memcmp(r->leaves[0].data.data(), big.data(), big.size()), 0);
+}
+
 // If-Match: a ranged read that started on one version of an object fails
 // rather than mixing in bytes of a newer version written meanwhile.
 TEST_F(S3MotoFaulty, ReadNeverMixesVersions) {

@@ -180,6 +180,12 @@ void S3Client::on_response(std::shared_ptr<Attempt> a, HttpResponse resp) {
   if (resp.curl_code != CURLE_OK) {
     if (resp.body_too_large) {
       st = Status(Code::kDataLoss, what + ": response body larger than expected");
+      // A 2xx the op's check finds wrong (a 200 with the whole object to a
+      // ranged GET) is reported as the check says.
+      if (resp.status >= 200 && resp.status < 300 && a->op.check) {
+        Status why = a->op.check(resp);
+        if (!why.ok()) st = why.annotate(what);
+      }
     } else {
       Code c = retryable_transport(resp.curl_code) ? Code::kUnavailable : Code::kIOError;
       if (resp.curl_code == CURLE_ABORTED_BY_CALLBACK) c = Code::kCancelled;

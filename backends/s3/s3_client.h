@@ -48,7 +48,9 @@ struct S3Op {
   std::vector<std::span<std::byte>> scatter;
   uint64_t max_body = 64ull << 20;
   // Judges a 2xx response. A non-OK status fails the attempt; it is retried
-  // when retryable() (e.g. an <Error> inside a 200, a truncated body).
+  // when retryable() (e.g. an <Error> inside a 200, a truncated body). Also
+  // asked about a 2xx whose body overflowed the sink: its error, if any,
+  // replaces the generic kDataLoss "larger than expected".
   std::function<Status(const HttpResponse&)> check;
   // If set, receives how many times the request was sent, before the
   // callback runs: its attempts and libcurl's own resends of a request with

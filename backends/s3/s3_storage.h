@@ -28,7 +28,10 @@
 // a read never mixes two versions of an object. An object read by one GET (a
 // save's data objects are one part each) is not HEADed: one GET sees one
 // version, and a range past its end (416, or a body cut short at the size
-// its Content-Range gives) is kDataLoss too.
+// its Content-Range gives) is kDataLoss too. An answer that is not the range
+// asked for (a 206 whose Content-Range starts elsewhere, a 200 with the whole
+// object unless the whole object was asked for) is kUnavailable: the
+// server's fault, not damage.
 //
 // Errors name the operation, the s3:// key, the HTTP status and the S3 error
 // code and message; credentials never appear. Thread safety as Storage.

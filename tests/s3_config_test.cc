@@ -337,6 +337,51 @@ TEST(S3Config, RegionDrivesTheDefaultEndpoint) {
   EXPECT_FALSE(f.resolve().ok());
 }
 
+// Addressing "auto" on AWS's default endpoint is virtual-hosted only for a
+// bucket name that is a valid TLS host label: a dotted name
+// (my.bucket.s3.us-east-1.amazonaws.com is not covered by the wildcard
+// certificate), an uppercase one or one with '_' goes path style, as in
+// botocore. An explicit "virtual" stays virtual.
+TEST(S3Config, BucketsThatAreNotDnsNamesArePathStyleUnderAuto) {
+  for (const std::string& b : {std::string("ckpt"), std::string("my-bucket-1"), std::string("a1b"),
+                               std::string(63, 'x')})
+    EXPECT_TRUE(dns_compatible_bucket(b)) << b;
+  for (const char* b : {"my.bucket", "My-Bucket", "my_bucket", "ab", "-ab", "ab-", "a.b.c", ""})
+    EXPECT_FALSE(dns_compatible_bucket(b)) << b;
+  EXPECT_FALSE(dns_compatible_bucket(std::string(64, 'x')));
+
+  Fakes f;
+  S3ConfigOverrides o;
+  o.bucket = "ckpt";
+  auto c = f.resolve(o);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->endpoint, "https://s3.us-east-1.amazonaws.com");
+  EXPECT_FALSE(c->path_style);
+  for (const char* b : {"my.ckpt.bucket", "Ckpt", "ckpt_bucket"}) {
+    o.bucket = b;
+    c = f.resolve(o);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    EXPECT_TRUE(c->path_style) << b;
+    EXPECT_NE(c->describe_redacted().find("addressing=path"), std::string::npos) << b;
+  }
+  // The profile's auto is the same; its virtual, or the override, wins.
+  f.env = {{"HOME", "/h"}};
+  f.files["/h/.aws/config"] = "[default]\ns3 =\n  addressing_style = auto\n";
+  o.bucket = "my.ckpt.bucket";
+  c = f.resolve(o);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE(c->path_style);
+  f.files["/h/.aws/config"] = "[default]\ns3 =\n  addressing_style = virtual\n";
+  c = f.resolve(o);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_FALSE(c->path_style);
+  f.files.clear();
+  o.path_style = false;
+  c = f.resolve(o);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_FALSE(c->path_style);
+}
+
 TEST(S3Config, FileLocationsFromEnvironment) {
   Fakes f;
   f.env = {{"HOME", "/home/u"}, {"AWS_CONFIG_FILE", "~/cfg"}, {"AWS_SHARED_CREDENTIALS_FILE", "/etc/creds"}};
@@ -478,6 +523,34 @@ TEST(S3Config, EndpointValidation) {
   EXPECT_EQ(r.status().message().find("hunter2"), std::string::npos);
 }
 
+// A part size that is not a multiple of 4096 would make every staging chunk
+// lcm(part, 4096) bytes: 1.5 GiB for --s3-part-size 100MB. Refused, naming
+// the multiples of 4096 on either side.
+TEST(S3Config, PartSizeMustBeAMultipleOf4096) {
+  S3ConfigOverrides o;
+  o.part_size = 100'000'000;  // 100MB
+  const auto r = Fakes().resolve(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  for (const char* want : {"100000000", "multiple of 4096", "99999744", "100003840"})
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << want << " not in " << r.status().to_string();
+  for (uint64_t ok : {uint64_t{100} << 20, uint64_t{99'999'744}, uint64_t{100'003'840}, (uint64_t{5} << 20) + 4096}) {
+    o.part_size = ok;
+    const auto c = Fakes().resolve(o);
+    ASSERT_TRUE(c.ok()) << ok << ": " << c.status().to_string();
+    EXPECT_EQ(c->part_size, ok);
+  }
+  // Near the limits the neighbours stay within them.
+  o.part_size = (5ull << 20) + 1;
+  const auto low = Fakes().resolve(o);
+  ASSERT_FALSE(low.ok());
+  EXPECT_NE(low.status().message().find(std::to_string(5ull << 20) + " and " + std::to_string((5ull << 20) + 4096)),
+            std::string::npos) << low.status().to_string();
+  // make_s3_storage, for a config made by hand, refuses it too.
+  EXPECT_EQ(check_part_size(100'000'000).code(), Code::kInvalidArgument);
+  EXPECT_TRUE(check_part_size(16u << 20).ok());
+}
+
 TEST(S3Config, LimitsValidation) {
   auto fails = [](auto set) {
     S3ConfigOverrides o;
@@ -490,6 +563,7 @@ TEST(S3Config, LimitsValidation) {
   EXPECT_TRUE(fails([](S3ConfigOverrides& o) { o.part_size = (5ull << 30) + 1; }));
   EXPECT_FALSE(fails([](S3ConfigOverrides& o) { o.part_size = 5u << 20; }));
   EXPECT_FALSE(fails([](S3ConfigOverrides& o) { o.part_size = 5ull << 30; }));
+  EXPECT_TRUE(fails([](S3ConfigOverrides& o) { o.part_size = (8u << 20) + 1; }));
   EXPECT_TRUE(fails([](S3ConfigOverrides& o) { o.retry = RetryPolicy{0, 0.1, 20}; }));
   EXPECT_TRUE(fails([](S3ConfigOverrides& o) { o.retry = RetryPolicy{3, -0.1, 20}; }));
   EXPECT_TRUE(fails([](S3ConfigOverrides& o) { o.retry = RetryPolicy{3, 0.1, std::numeric_limits<double>::infinity()}; }));

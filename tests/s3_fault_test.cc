@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <future>
 #include <random>
 #include <string>
 #include <thread>
@@ -210,8 +211,9 @@ TEST_F(S3MotoFaulty, CompleteWithErrorInside200IsRetried) {
 }
 
 // The server completes the upload but its answer is lost (a reset after the
-// upstream answered): the retry finds no such upload (S3: 404 NoSuchUpload;
-// moto: 500). The object is there, with the ETag these parts make: the save
+// upstream answered): the retry meets an upload already completed. moto
+// treats a repeated Complete as idempotent (200, the object's ETag); MinIO
+// and others answer 404 NoSuchUpload (the next test). Either way the save
 // succeeds, and the object is not deleted or re-uploaded.
 TEST_F(S3MotoFaulty, CompleteWhoseAnswerIsLostSucceeds) {
   rules("fault=reset op=CompleteMultipartUpload when=response count=1");
@@ -226,6 +228,134 @@ TEST_F(S3MotoFaulty, CompleteWhoseAnswerIsLostSucceeds) {
   EXPECT_EQ(count("op.AbortMultipartUpload"), 0);
   EXPECT_EQ(count("op.UploadPart"), 3) << "parts uploaded again";
   auto r = m.restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(std::memcmp(r->leaves[0].data.data(), big.data(), big.size()), 0);
+}
+
+// Each attempt is signed when it is sent, not when it is queued: with one
+// connection and 1 s per PUT, six PUTs (and the retry of the first, which
+// gets a 503) wait up to ~6 s for their turn; a signature made when queued
+// would reach the server that old (past 15 minutes S3 answers 403
+// RequestTimeTooSkewed). The proxy records the oldest X-Amz-Date it sees,
+// in whole seconds: with signing at the send it is under a second old.
+TEST_F(S3MotoFaulty, EachAttemptIsSignedWhenItIsSent) {
+  rules("fault=status status=503 op=PutObject count=1\n"
+        "fault=latency delay=1 op=PutObject skip=1");
+  s3::S3Config one = config_;
+  one.max_connections = 1;
+  auto s = s3::make_s3_storage(store_->describe(), one);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  std::shared_ptr<s3::S3Storage> store = *s;
+  const std::string body = "signed when sent";
+  std::vector<std::thread> puts;
+  std::vector<Status> got(6);
+  for (size_t i = 0; i < got.size(); ++i)
+    puts.emplace_back([&, i] { got[i] = store->put("k" + std::to_string(i), std::as_bytes(std::span(body))); });
+  for (auto& t : puts) t.join();
+  for (const Status& st : got) EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(count("op.PutObject"), 7);
+  EXPECT_EQ(count("rule.0.injected"), 1);
+  EXPECT_EQ(store->s3_stats().retries, 1u);
+  const long age_ms = count("amz_date_age_max_ms");
+  EXPECT_GE(age_ms, 0);
+  EXPECT_LT(age_ms, 2000) << "a request was signed long before it was sent";
+}
+
+// As above, but the retry is answered as MinIO answers it: 404 NoSuchUpload.
+// The object is there, of the size and (ETag "md5-3") the 3 parts written:
+// the save succeeds and the object is intact.
+TEST_F(S3MotoFaulty, CompleteWhoseRetryFindsNoSuchUploadSucceeds) {
+  rules("fault=reset op=CompleteMultipartUpload when=response count=1\n"
+        "fault=status status=404 code=NoSuchUpload op=CompleteMultipartUpload count=1 "
+        "message='The specified upload does not exist.'");
+  auto big = random_bytes(2 * kS3TestPart + 10, 10);
+  int32_t n = 1;
+  CheckpointManager m(store_, manager_options());
+  auto h = m.save(1, state(big, n));
+  ASSERT_TRUE(h.ok());
+  Status st = h->wait();
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(count("faults.reset"), 1);
+  EXPECT_EQ(count("faults.status"), 1);
+  EXPECT_EQ(count("op.CompleteMultipartUpload"), 2);
+  EXPECT_GE(count("op.HeadObject"), 1);  // the object checked (the commit HEADs too)
+  EXPECT_EQ(count("op.AbortMultipartUpload"), 0);
+  EXPECT_EQ(count("op.UploadPart"), 3) << "parts uploaded again";
+  auto r = m.restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(std::memcmp(r->leaves[0].data.data(), big.data(), big.size()), 0);
+  EXPECT_TRUE(m.verify(1).ok());
+}
+
+// ... but not when the object there is not the one these parts make: the
+// retry's NoSuchUpload then stands (the upload was aborted meanwhile).
+TEST_F(S3MotoFaulty, CompleteWhoseRetryFindsNoSuchUploadAndNoObjectFails) {
+  rules("fault=status status=500 op=CompleteMultipartUpload count=1\n"
+        "fault=status status=404 code=NoSuchUpload op=CompleteMultipartUpload count=1");
+  auto big = random_bytes(2 * kS3TestPart + 10, 11);
+  auto w = store_->create("obj", big.size());
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  std::promise<Status> wrote;
+  (*w)->write_async(0, big, [&](Status s) { wrote.set_value(s); });
+  ASSERT_TRUE(wrote.get_future().get().ok());
+  Status st = (*w)->finish(big.size());
+  EXPECT_EQ(st.code(), Code::kNotFound) << st.to_string();
+  EXPECT_NE(st.message().find("NoSuchUpload"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("not there either"), std::string::npos) << st.to_string();
+  EXPECT_EQ(count("op.HeadObject"), 1);
+  EXPECT_EQ(count("op.AbortMultipartUpload"), 1);
+}
+
+// A ranged GET is answered with the bytes asked for, or it fails: a 206 of
+// other bytes (the proxy sends another Range upstream) and a 200 with the
+// whole object (the proxy drops the Range, as a server that ignores it) are
+// the server's fault, kUnavailable (retried), not damage; a 200 is accepted
+// for a read of the whole object.
+TEST_F(S3MotoFaulty, ARangedGetIsAnsweredWithTheRangeAskedOrFails) {
+  const uint64_t size = 100000;
+  auto data = random_bytes(size, 12);
+  ASSERT_TRUE(store_->put("obj", data).ok());
+  std::vector<std::byte> got(size);
+  auto read = [&](uint64_t off, uint64_t len) {
+    ReadRequest req{"obj", off, len, got.data()};
+    return store_->read(std::span(&req, 1));
+  };
+
+  rules("fault=range range=bytes=0-999 op=GetObject");
+  Status st = read(4096, 1000);
+  EXPECT_EQ(st.code(), Code::kUnavailable) << st.to_string();
+  EXPECT_NE(st.message().find("Content-Range 'bytes 0-999/100000' to a GET of bytes=4096-5095"), std::string::npos)
+      << st.to_string();
+  EXPECT_EQ(count("op.GetObject"), config_.retry.max_attempts);
+
+  rules("fault=range range= op=GetObject");
+  for (uint64_t off : {uint64_t{0}, uint64_t{4096}}) {
+    st = read(off, 1000);
+    EXPECT_EQ(st.code(), Code::kUnavailable) << off << ": " << st.to_string();
+    EXPECT_NE(st.message().find("the server ignored the Range"), std::string::npos) << st.to_string();
+  }
+  st = read(0, size);  // the whole object: a 200 is the answer asked for
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(std::memcmp(got.data(), data.data(), size), 0);
+  EXPECT_EQ(count("faults.range"), 3 * config_.retry.max_attempts + 1);
+}
+
+// A server that ignores Range fails restore-latest with its error instead of
+// making it skip every step as damaged.
+TEST_F(S3MotoFaulty, AServerIgnoringRangeIsNotStepDamage) {
+  auto big = random_bytes(3 * kS3TestPart + 1000, 13);
+  int32_t n = 1;
+  CheckpointManager m(store_, manager_options());
+  ASSERT_TRUE(m.save(1, state(big, n)).ok());
+  ASSERT_TRUE(m.wait_until_finished().ok());
+  rules("fault=range range= op=GetObject header=^Range:");
+  auto r = m.restore(std::nullopt);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kUnavailable) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("ignored the Range"), std::string::npos) << r.status().to_string();
+  EXPECT_EQ(r.status().message().find("skipping damaged"), std::string::npos) << r.status().to_string();
+  rules("");
+  r = m.restore(std::nullopt);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(std::memcmp(r->leaves[0].data.data(), big.data(), big.size()), 0);
 }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "testutil/random_bytes.h"
@@ -440,6 +441,43 @@ TEST(S3CephAuth, KeysThatNeedEncodingAreSignedAndAWrongSecretIsRefused) {
   CKPTIO_REQUIRE_S3_SERVER(srv);
   expect_signed_and_wrong_secret_refused(srv, testutil::s3_test_prefix() + "p fx+=:,@$&;%ü",
                                          "k e+y=(!*')~,@$&;%ü/ä.bin", /*list=*/true);
+}
+
+// ListMultipartUploads answers at most 1,000 uploads a page: a key with
+// more (a job that died and restarted a thousand times between two gc runs)
+// has every one aborted, not only the first page's. (moto lists every upload
+// in one page, so this runs on Ceph.)
+TEST(S3CephMultipart, AbortUnfinishedAbortsUploadsBeyondTheFirstPage) {
+  CKPTIO_REQUIRE_S3_SERVER(srv);
+  auto s = testutil::open_s3_test_store();
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  std::shared_ptr<s3::S3Storage> store = *s;
+  // 1,001 uploads of one key, each started by a writer that stays open (its
+  // destructor would abort it).
+  constexpr int kUploads = 1001, kThreads = 4;
+  std::vector<std::unique_ptr<WritableObject>> open(kUploads);
+  std::vector<std::thread> starters;
+  std::atomic<int> failed{0};
+  for (int t = 0; t < kThreads; ++t)
+    starters.emplace_back([&, t] {
+      for (int i = t; i < kUploads; i += kThreads) {
+        auto w = store->create("obj", 2 * kPart);
+        if (!w.ok()) {
+          ++failed;
+          continue;
+        }
+        open[i] = std::move(*w);
+      }
+    });
+  for (auto& t : starters) t.join();
+  ASSERT_EQ(failed.load(), 0);
+
+  Status st = store->abort_unfinished("obj");
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  auto left = store->list_unfinished("");
+  ASSERT_TRUE(left.ok()) << left.status().to_string();
+  EXPECT_TRUE(left->empty()) << "an upload of " << (left->empty() ? "" : left->front().key) << " was left";
+  open.clear();  // each writer's abort now meets NoSuchUpload, which it ignores
 }
 
 }  // namespace

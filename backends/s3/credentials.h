@@ -19,7 +19,8 @@
 // advisory refresh: 15 minutes before, or halfway through a shorter
 // lifetime); a failed renewal is retried every few seconds while the old set
 // is still used. Each S3 request attempt signs with the set current when it is
-// sent, so retries of a long save pick up renewed keys.
+// sent (S3Client signs on the HTTP loop as the transfer starts, not when the
+// attempt is queued), so retries of a long save pick up renewed keys.
 //
 // The parsers (parse_credentials_json here, parse_sts_credentials in
 // s3_xml.h) are pure functions over outside data; their errors never quote a

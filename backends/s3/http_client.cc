@@ -2,7 +2,8 @@
 // threads only push into `incoming` (under `mu`) and wake the loop with
 // curl_multi_wakeup(). Requests wait in `delayed` (retry backoff) and `ready`
 // until fewer than max_in_flight are running, so that no request's timeout
-// starts ticking while it queues inside curl for a connection.
+// starts ticking while it queues inside curl for a connection; a request's
+// prepare hook (the S3 client's signing) runs when it leaves `ready`.
 #include "backends/s3/http_client.h"
 
 #include <curl/curl.h>
@@ -158,6 +159,8 @@ int on_seek(void* p, curl_off_t offset, int origin) {
   auto* t = static_cast<Transfer*>(p);
   if (origin != SEEK_SET || offset < 0 || static_cast<uint64_t>(offset) > t->req.body.size())
     return CURL_SEEKFUNC_CANTSEEK;
+  // curl rewinds a body it has sent (part of) only to send the request again.
+  if (offset == 0 && t->body_pos > 0) ++t->resp.resends;
   t->body_pos = static_cast<uint64_t>(offset);
   return CURL_SEEKFUNC_OK;
 }
@@ -253,6 +256,11 @@ struct HttpClient::Loop {
   }
 
   void start(std::unique_ptr<Transfer> t) {
+    // The last moment before the request goes out: signed now, not when queued.
+    if (t->req.prepare) {
+      auto prepare = std::move(t->req.prepare);
+      prepare(t->req);
+    }
     CURL* e = nullptr;
     if (!idle.empty()) {
       e = idle.back();

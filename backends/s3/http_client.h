@@ -40,6 +40,12 @@ struct HttpRequest {
   // it replaces `sink`; `sink_size` is ignored.
   std::vector<std::span<std::byte>> scatter;
   uint64_t max_body = 64ull << 20;
+  // Called on the loop thread right before the transfer starts -- after any
+  // delay (a retry's backoff) and any wait for a free slot among
+  // max_in_flight -- to finish the request (url, headers): the S3 client signs
+  // here, so that a signature's date is the moment of sending however long
+  // the request queued. It must not block.
+  std::function<void(HttpRequest&)> prepare;
 };
 
 struct HttpResponse {
@@ -50,6 +56,10 @@ struct HttpResponse {
   std::string body;
   uint64_t sink_bytes = 0;  // bytes written into the sink
   bool body_too_large = false;
+  // Times libcurl sent the request again by itself: a reused connection that
+  // died before any answer is retried on a new one, and a body already read
+  // is rewound for it. The server may have acted on the first send.
+  int resends = 0;
 
   const std::string* header(const std::string& lower_name) const {
     auto it = headers.find(lower_name);

@@ -35,6 +35,7 @@ struct S3Client::Attempt {
   S3Done done;
   std::string payload_hash;
   int attempts = 0;
+  int resends = 0;  // by libcurl itself, over all attempts (HttpResponse::resends)
   std::string signed_region;  // of the attempt in flight
   bool redirected = false;    // sent again for the bucket's region once already
 };
@@ -116,13 +117,34 @@ std::pair<Status, HttpResponse> S3Client::execute_sync(S3Op op) {
 
 void S3Client::send(std::shared_ptr<Attempt> a, std::chrono::milliseconds delay) {
   const S3Op& op = a->op;
+  HttpRequest req;
+  req.method = op.method;
+  req.body = op.body;
+  req.sink = op.sink;
+  req.sink_size = op.sink_size;
+  req.scatter = op.scatter;
+  req.max_body = op.max_body;
+  // URL and signature are made by the HTTP loop when the attempt leaves its
+  // queue (after the backoff and any wait for a connection slot), not here:
+  // a request signed when queued could be sent minutes later, and S3 refuses
+  // a signature over 15 minutes old (403 RequestTimeTooSkewed).
+  req.prepare = [this, a](HttpRequest& r) { prepare(*a, r); };
+  ++a->attempts;
+  ++requests_;
+  http_.submit(std::move(req), [this, a](HttpResponse r) { on_response(a, std::move(r)); }, delay);
+}
+
+// On the HTTP loop thread, right before the attempt is sent: the endpoint
+// and region current now, the credentials current now, the date now.
+void S3Client::prepare(Attempt& a, HttpRequest& req) {
+  const S3Op& op = a.op;
   std::string host, region;
   {
     std::lock_guard lock(region_mu_);
     host = host_;
     region = region_;
   }
-  a->signed_region = region;
+  a.signed_region = region;
   SignableRequest sr;
   sr.method = op.method;
   std::string path;
@@ -136,37 +158,34 @@ void S3Client::send(std::shared_ptr<Attempt> a, std::chrono::milliseconds delay)
   sr.path = path;
   sr.query = op.query;
   sr.headers = op.headers;
-  sr.payload_hash = a->payload_hash;
+  sr.payload_hash = a.payload_hash;
 
-  HttpRequest req;
-  req.method = op.method;
   std::string query = canonical_query(op.query);
   req.url = scheme_ + "://" + sr.host + path + (query.empty() ? "" : "?" + query);
   req.headers = op.headers;
   if (config_.anonymous) {
-    req.headers.emplace_back("x-amz-content-sha256", a->payload_hash);
+    req.headers.emplace_back("x-amz-content-sha256", a.payload_hash);
   } else {
     // Renewed credentials: the set current now, for this attempt.
     const Credentials creds = config_.credential_provider ? config_.credential_provider->current() : Credentials{};
     for (auto& h : sign(sr, config_.credential_provider ? creds : config_.creds, region, "s3", amz_date_now()))
       req.headers.push_back(std::move(h));
   }
-  req.body = op.body;
-  req.sink = op.sink;
-  req.sink_size = op.sink_size;
-  req.scatter = op.scatter;
-  req.max_body = op.max_body;
-  ++a->attempts;
-  ++requests_;
-  http_.submit(std::move(req), [this, a](HttpResponse r) { on_response(a, std::move(r)); }, delay);
 }
 
 void S3Client::on_response(std::shared_ptr<Attempt> a, HttpResponse resp) {
   const std::string what = a->op.method + " " + describe(a->op.key);
+  a->resends += resp.resends;
   Status st;
   if (resp.curl_code != CURLE_OK) {
     if (resp.body_too_large) {
       st = Status(Code::kDataLoss, what + ": response body larger than expected");
+      // A 2xx the op's check finds wrong (a 200 with the whole object to a
+      // ranged GET) is reported as the check says.
+      if (resp.status >= 200 && resp.status < 300 && a->op.check) {
+        Status why = a->op.check(resp);
+        if (!why.ok()) st = why.annotate(what);
+      }
     } else {
       Code c = retryable_transport(resp.curl_code) ? Code::kUnavailable : Code::kIOError;
       if (resp.curl_code == CURLE_ABORTED_BY_CALLBACK) c = Code::kCancelled;
@@ -208,6 +227,7 @@ void S3Client::on_response(std::shared_ptr<Attempt> a, HttpResponse resp) {
   }
   if (!st.ok() && a->attempts > 1)
     st = Status(st.code(), st.message() + " (after " + std::to_string(a->attempts) + " attempts)");
+  if (a->op.attempts) *a->op.attempts = a->attempts + a->resends;
   S3Done done = std::move(a->done);
   done(std::move(st), std::move(resp));
 }

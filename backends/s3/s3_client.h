@@ -2,10 +2,13 @@
 // (http_client.h) and the Storage implementation (s3_storage.h).
 //
 // Every attempt is signed anew (SigV4 dates are part of the signature), with
-// the credentials current then (credentials.h). A request signed for the
-// wrong region is answered with the bucket's region (x-amz-bucket-region):
-// the client switches to it, for this request (once, at no retry cost) and
-// every later one, as boto3 does, and logs it.
+// the credentials current then (credentials.h), on the HTTP loop right before
+// it is sent: not when it is queued (a retry's backoff, a wait for one of
+// max_connections), so a signature is never older than a moment when it
+// leaves, however long the queue (S3 refuses one over 15 minutes old).
+// A request signed for the wrong region is answered with the bucket's region
+// (x-amz-bucket-region): the client switches to it, for this request (once,
+// at no retry cost) and every later one, as boto3 does, and logs it.
 // Retries follow the one predicate in retry.h, with full-jitter exponential
 // backoff scheduled on the HTTP loop (no thread sleeps). The final error names
 // the operation and key, the HTTP status, the S3 error code and message, and
@@ -45,8 +48,15 @@ struct S3Op {
   std::vector<std::span<std::byte>> scatter;
   uint64_t max_body = 64ull << 20;
   // Judges a 2xx response. A non-OK status fails the attempt; it is retried
-  // when retryable() (e.g. an <Error> inside a 200, a truncated body).
+  // when retryable() (e.g. an <Error> inside a 200, a truncated body). Also
+  // asked about a 2xx whose body overflowed the sink: its error, if any,
+  // replaces the generic kDataLoss "larger than expected".
   std::function<Status(const HttpResponse&)> check;
+  // If set, receives how many times the request was sent, before the
+  // callback runs: its attempts and libcurl's own resends of a request with
+  // a body (HttpResponse::resends). CompleteMultipartUpload tells a retry
+  // that may have met its own success so.
+  int* attempts = nullptr;
 };
 
 using S3Done = std::function<void(Status, HttpResponse)>;
@@ -74,7 +84,10 @@ class S3Client {
 
  private:
   struct Attempt;
+  // Queues an attempt on the HTTP loop (after `delay`); prepare() makes its
+  // URL and signs it there, when it is sent.
   void send(std::shared_ptr<Attempt> a, std::chrono::milliseconds delay);
+  void prepare(Attempt& a, HttpRequest& req);
   void on_response(std::shared_ptr<Attempt> a, HttpResponse resp);
 
   // The bucket's region, as the server named it (x-amz-bucket-region on a

@@ -80,7 +80,7 @@ Status resolve_addressing(const S3ConfigOverrides& o, const ConfigSources& src, 
     const std::string style = lowercase(src.from_profile("s3.addressing_style").value_or("auto"));
     if (style == "path") c.path_style = true;
     else if (style == "virtual") c.path_style = false;
-    else if (style == "auto") c.path_style = endpoint_given;
+    else if (style == "auto") c.path_style = endpoint_given || (o.bucket && !dns_compatible_bucket(*o.bucket));
     else return invalid_argument(profile_source + ": s3.addressing_style must be path, virtual or auto");
   }
 
@@ -97,14 +97,41 @@ Status resolve_addressing(const S3ConfigOverrides& o, const ConfigSources& src, 
   return Status::OK();
 }
 
+}  // namespace
+
+bool dns_compatible_bucket(std::string_view b) {
+  if (b.size() < 3 || b.size() > 63) return false;
+  for (char c : b)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  return b.front() != '-' && b.back() != '-';
+}
+
+Status check_part_size(uint64_t part_size) {
+  if (part_size < kMinPartSize || part_size > kMaxPartSize)
+    return invalid_argument("part_size " + std::to_string(part_size) +
+                            " is outside S3's limits of 5 MiB to 5 GiB");
+  // Staging chunks hold a whole number of parts and of 4 KiB pages (O_DIRECT
+  // alignment): lcm(part_size, 4096), which for a part size of 100 MB
+  // (100,000,000 bytes) is 1.5 GiB per chunk. The limits are multiples of
+  // 4096, so both neighbours are within them.
+  constexpr uint64_t kPage = 4096;
+  if (part_size % kPage != 0) {
+    const uint64_t below = part_size / kPage * kPage, above = below + kPage;
+    return invalid_argument("part_size " + std::to_string(part_size) + " is not a multiple of 4096 (4 KiB); the "
+                            "nearest valid sizes are " + std::to_string(below) + " and " +
+                            std::to_string(above) + " (sizes in MiB, such as 100MiB, always are)");
+  }
+  return Status::OK();
+}
+
+namespace {
+
 // Connections, part size, retries and timeouts.
 Status resolve_limits(const S3ConfigOverrides& o, const ConfigSources& src, S3Config& c) {
   if (o.max_connections) c.max_connections = *o.max_connections;
   if (c.max_connections == 0) return invalid_argument("max_connections must be at least 1");
   if (o.part_size) c.part_size = *o.part_size;
-  if (c.part_size < kMinPartSize || c.part_size > kMaxPartSize)
-    return invalid_argument("part_size " + std::to_string(c.part_size) +
-                            " is outside S3's limits of 5 MiB to 5 GiB");
+  CKPTIO_RETURN_IF_ERROR(check_part_size(c.part_size));
   if (o.retry) {
     c.retry = *o.retry;
   } else {

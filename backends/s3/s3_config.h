@@ -83,7 +83,7 @@ struct S3Config {
   // where TLS already protects the bytes and hashing 16 MiB parts costs CPU.
   bool sign_payloads = true;
   uint32_t max_connections = 32;
-  uint64_t part_size = 16 << 20;  // multipart part size, in [5 MiB, 5 GiB]
+  uint64_t part_size = 16 << 20;  // multipart part size, in [5 MiB, 5 GiB], a multiple of 4096
   RetryPolicy retry;
   double connect_timeout_s = 10;
   double request_timeout_s = 60;  // low-speed / stall timeout, not a total deadline
@@ -102,8 +102,9 @@ struct S3Config {
   // "" when anonymous.
   std::string credentials_source;
   // Set for credentials that expire and are renewed (web identity, container,
-  // instance metadata): every request attempt signs with its current() set,
-  // and `creds` is only the first one. Shared by copies of the config.
+  // instance metadata): every request attempt signs with its current() set
+  // as it is sent, and `creds` is only the first one. Shared by copies of
+  // the config.
   std::shared_ptr<CredentialProvider> credential_provider;
 
   // One line for logs and `ckptio` output: endpoint, region, addressing,
@@ -129,7 +130,18 @@ struct S3ConfigOverrides {
   std::optional<std::string> sse;
   std::optional<std::string> sse_kms_key_id;
   std::optional<std::string> storage_class;
+  // Not a setting: the bucket the configuration is for, when known (open_s3_uri
+  // sets it). Under addressing "auto" a bucket name that is not DNS-compatible
+  // is addressed path style (see path_style below).
+  std::optional<std::string> bucket;
 };
+
+// Whether a bucket name can be a host name label under TLS, as botocore's
+// check_dns_name decides: 3 to 63 characters of lowercase letters, digits and
+// '-', starting and ending with a letter or digit. A '.' is refused too: the
+// name would be several labels, which AWS's wildcard certificate
+// (*.s3.REGION.amazonaws.com) does not cover.
+bool dns_compatible_bucket(std::string_view bucket);
 
 using GetEnv = std::function<std::optional<std::string>(const std::string& name)>;
 // Returns a file's contents, or nullopt when it does not exist or cannot be read.
@@ -175,8 +187,11 @@ using ReadFile = std::function<std::optional<std::string>(const std::string& pat
 //              describe_redacted() says "anonymous"). An override of false with
 //              no credentials found is an error.
 //   path_style override; profile "s3.addressing_style" (path | virtual | auto);
-//              true when the endpoint was given explicitly (MinIO, Ceph, moto
-//              have no per-bucket DNS), false for the AWS default endpoint
+//              auto (the default): true when the endpoint was given explicitly
+//              (MinIO, Ceph, moto have no per-bucket DNS) or overrides.bucket is
+//              not dns_compatible_bucket() (a dotted name would fail TLS as a
+//              host name, as in botocore), false otherwise (the AWS default
+//              endpoint)
 //   sign_payloads  override; profile "s3.payload_signing_enabled" (true | false);
 //              else true for http:// endpoints, false for https://
 //   retry.max_attempts  AWS_MAX_ATTEMPTS, profile "max_attempts", if not overridden
@@ -194,7 +209,8 @@ using ReadFile = std::function<std::optional<std::string>(const std::string& pat
 // Validation (kInvalidArgument): endpoint is http(s)://host[:port] with no
 // user info, path, query or fragment (a trailing '/' and a default port,
 // :80 for http and :443 for https, are dropped, as curl drops them from Host); a partial
-// credential pair; part_size outside [5 MiB, 5 GiB]; max_connections 0;
+// credential pair; part_size outside [5 MiB, 5 GiB] or not a multiple of 4096
+// (check_part_size); max_connections 0;
 // max_attempts < 1; negative or non-finite backoff seconds (0 is allowed, for
 // tests); zero, negative or non-finite timeouts; a region outside [A-Za-z0-9._-].
 // Without use_network it never touches the network nor runs a
@@ -205,5 +221,12 @@ Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o, const GetEnv& get
 // The same with the process environment (std::getenv), the filesystem and the
 // network.
 Result<S3Config> resolve_s3_config(const S3ConfigOverrides& o);
+
+// kInvalidArgument unless part_size is within S3's [5 MiB, 5 GiB] and a
+// multiple of 4096: a save stages whole parts in chunks aligned to 4 KiB
+// pages, lcm(part_size, 4096) bytes each, so 100 MB (100,000,000 bytes)
+// would make every chunk 1.5 GiB. The message names the nearest valid sizes.
+// resolve_s3_config and make_s3_storage check it.
+Status check_part_size(uint64_t part_size);
 
 }  // namespace ckptio::s3

@@ -165,24 +165,38 @@ Result<int64_t> S3StorageImpl::newest_part(const std::string& full_key, const st
   }
 }
 
+// Every page of the key's uploads (ListMultipartUploads answers at most
+// 1,000 a page), as list_unfinished reads them; each one listed is aborted
+// before the next page is asked for (the markers name the last upload
+// listed, so aborting those before them changes nothing ahead).
 Status S3StorageImpl::abort_unfinished(const std::string& key) {
   CKPTIO_RETURN_IF_ERROR(check_storage_key(key));
-  S3Op op;
-  op.method = "GET";
-  op.query = {{"uploads", ""}, {"prefix", full(key)}};
-  auto [st, resp] = client_.execute_sync(std::move(op));
-  if (!st.ok()) return st.annotate("ListMultipartUploads");
-  auto page = parse_list_multipart_uploads(resp.body);
-  if (!page.ok()) return page.status();
   Status first;
-  for (const auto& u : page->uploads) {
-    if (u.key != full(key)) continue;
-    S3Op del;
-    del.method = "DELETE";
-    del.key = u.key;
-    del.query = {{"uploadId", u.upload_id}};
-    Status d = client_.execute_sync(std::move(del)).first;
-    if (!d.ok() && d.code() != Code::kNotFound && first.ok()) first = d;
+  std::string key_marker, id_marker;
+  for (;;) {
+    S3Op op;
+    op.method = "GET";
+    op.query = {{"uploads", ""}, {"prefix", full(key)}};
+    if (!key_marker.empty()) op.query.emplace_back("key-marker", key_marker);
+    if (!id_marker.empty()) op.query.emplace_back("upload-id-marker", id_marker);
+    auto [st, resp] = client_.execute_sync(std::move(op));
+    if (!st.ok()) return st.annotate("ListMultipartUploads");
+    auto page = parse_list_multipart_uploads(resp.body);
+    if (!page.ok()) return page.status().annotate("ListMultipartUploads " + client_.describe(full(key)));
+    for (const auto& u : page->uploads) {
+      if (u.key != full(key)) continue;
+      S3Op del;
+      del.method = "DELETE";
+      del.key = u.key;
+      del.query = {{"uploadId", u.upload_id}};
+      Status d = client_.execute_sync(std::move(del)).first;
+      if (!d.ok() && d.code() != Code::kNotFound && first.ok()) first = d;
+    }
+    if (!page->truncated) break;
+    if (page->next_key_marker == key_marker && page->next_upload_id_marker == id_marker)
+      return io_error("ListMultipartUploads " + client_.describe(full(key)) + ": truncated page without new markers");
+    key_marker = page->next_key_marker;
+    id_marker = page->next_upload_id_marker;
   }
   return first;
 }

@@ -52,6 +52,8 @@ Result<S3ConfigOverrides> overrides(const S3Options& o) {
 
 Result<std::shared_ptr<Storage>> open_s3_uri(const std::string& uri, const StorageOptions& options) {
   CKPTIO_ASSIGN_OR_RETURN(S3ConfigOverrides ov, overrides(options.get_or_default<S3Options>()));
+  CKPTIO_ASSIGN_OR_RETURN(const S3Uri where, parse_s3_uri(uri));
+  ov.bucket = where.bucket;  // a dotted bucket goes path style under "auto"
   CKPTIO_ASSIGN_OR_RETURN(S3Config config, resolve_s3_config(ov));
   spdlog::debug("ckptio: {}: {}", uri, config.describe_redacted());
   CKPTIO_ASSIGN_OR_RETURN(auto storage, make_s3_storage(uri, config));

@@ -111,8 +111,29 @@ Status S3StorageImpl::read(std::span<const ReadRequest> requests) {
       op.scatter = std::move(g.dst);
     }
     op.check = [this, lone, key = g.key, off, len](const HttpResponse& resp) {
-      if (resp.status != 206 && resp.status != 200)
+      // The answer must be the bytes asked for: a 206 starting at `off`, or a
+      // 200 (the whole object: the server ignored the Range) only for a read
+      // of a whole object. Anything else is the server's fault, not damage to
+      // the object: kUnavailable (retried; then restore-latest stops on it
+      // rather than skip the step as damaged).
+      const std::string asked = "bytes=" + std::to_string(off) + "-" + std::to_string(off + len - 1);
+      if (resp.status == 206) {
+        const std::optional<std::pair<uint64_t, uint64_t>> got = content_range(resp);
+        if (!got || got->first != off || got->second > off + len - 1) {
+          const std::string* cr = resp.header("content-range");
+          return Status(Code::kUnavailable, "HTTP 206 with Content-Range '" + (cr ? *cr : std::string()) +
+                                                "' to a GET of " + asked);
+        }
+      } else if (resp.status == 200) {
+        const std::optional<uint64_t> size = object_size(resp);
+        if (lone && size && off + len > *size) return past_the_end(key, off, len, *size);
+        if (off != 0 || size != len)
+          return Status(Code::kUnavailable, "HTTP 200 (the whole object" +
+                                                (size ? ", " + std::to_string(*size) + " bytes" : std::string()) +
+                                                ") to a GET of " + asked + ": the server ignored the Range");
+      } else {
         return io_error("unexpected HTTP " + std::to_string(resp.status) + " to a ranged GET");
+      }
       if (resp.sink_bytes != len) {
         // Without a HEAD, a short body from an object that ends too soon is
         // data loss, not a transfer to retry.
@@ -139,6 +160,19 @@ Status S3StorageImpl::past_the_end(const std::string& key, uint64_t offset, uint
                                    uint64_t size) const {
   return data_loss(client_.describe(full(key)) + ": read of [" + std::to_string(offset) + ", " +
                    std::to_string(offset + length) + ") past the end (" + std::to_string(size) + " bytes)");
+}
+
+// The first and last byte of a 206's Content-Range ("bytes 0-9/10"), or
+// nullopt when there is none or it is malformed.
+std::optional<std::pair<uint64_t, uint64_t>> S3StorageImpl::content_range(const HttpResponse& resp) {
+  const std::string* cr = resp.header("content-range");
+  if (!cr || cr->rfind("bytes ", 0) != 0) return std::nullopt;
+  const size_t dash = cr->find('-', 6), slash = cr->find('/', 6);
+  if (dash == std::string::npos || slash == std::string::npos || dash > slash) return std::nullopt;
+  const std::string first = cr->substr(6, dash - 6), last = cr->substr(dash + 1, slash - dash - 1);
+  const std::optional<uint64_t> a = parse_u64(&first), b = parse_u64(&last);
+  if (!a || !b || *b < *a) return std::nullopt;
+  return std::make_pair(*a, *b);
 }
 
 // The object's size from a GET's Content-Range ("bytes 0-9/10", or

@@ -74,8 +74,7 @@ S3Op S3StorageImpl::put_op(const std::string& key, std::span<const std::byte> da
 
 Result<std::shared_ptr<S3Storage>> make_s3_storage(const std::string& uri, const S3Config& config) {
   CKPTIO_ASSIGN_OR_RETURN(S3Uri where, parse_s3_uri(uri));
-  if (config.part_size < storage_internal::kMinPart)
-    return invalid_argument("S3 part size must be at least 5 MiB, got " + std::to_string(config.part_size));
+  CKPTIO_RETURN_IF_ERROR(check_part_size(config.part_size));
   if (config.endpoint.empty()) return invalid_argument("no S3 endpoint configured");
   return std::shared_ptr<S3Storage>(std::make_shared<storage_internal::S3StorageImpl>(config, std::move(where)));
 }

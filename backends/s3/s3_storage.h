@@ -9,7 +9,9 @@
 // upload; each write_async() range (offset a multiple of part_size) becomes
 // one UploadPart per part_size slice, sent in parallel and retried on its own;
 // finish() completes the upload (an <Error> inside its 200 response is an
-// error), and any failure aborts it so no parts are left behind. An object of
+// error; a repeated Complete answered 404 NoSuchUpload is a success when the
+// object is there with the size and part count written), and any failure
+// aborts it so no parts are left behind. An object of
 // at most one part is written with a single PutObject (its one range must
 // cover [0, final size)): for create_new() (a save's data objects, at most
 // data_object_bytes() = one part each) sent from the caller's buffer as soon
@@ -26,7 +28,10 @@
 // a read never mixes two versions of an object. An object read by one GET (a
 // save's data objects are one part each) is not HEADed: one GET sees one
 // version, and a range past its end (416, or a body cut short at the size
-// its Content-Range gives) is kDataLoss too.
+// its Content-Range gives) is kDataLoss too. An answer that is not the range
+// asked for (a 206 whose Content-Range starts elsewhere, a 200 with the whole
+// object unless the whole object was asked for) is kUnavailable: the
+// server's fault, not damage.
 //
 // Errors name the operation, the s3:// key, the HTTP status and the S3 error
 // code and message; credentials never appear. Thread safety as Storage.

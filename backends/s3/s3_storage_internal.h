@@ -93,6 +93,7 @@ class S3StorageImpl : public S3Storage {
   // s3_read.cc
   Status past_the_end(const std::string& key, uint64_t offset, uint64_t length, uint64_t size) const;
   static std::optional<uint64_t> object_size(const HttpResponse& resp);
+  static std::optional<std::pair<uint64_t, uint64_t>> content_range(const HttpResponse& resp);
   void head_async(const std::string& full_key, std::function<void(Result<Head>)> done);
   Result<Head> head(const std::string& full_key);
   // Bytes per GET: one part, so a large read spreads over the connections.

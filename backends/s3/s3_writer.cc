@@ -151,7 +151,27 @@ class S3Writer : public WritableObject {
     op.headers = {{"content-type", "application/xml"}};
     op.body = as_bytes(xml);
     op.check = [](const HttpResponse& r) { return parse_complete_multipart(r.body).status(); };
+    int attempts = 0;
+    op.attempts = &attempts;
     auto [cst, resp] = c_.execute_sync(std::move(op));
+    if (cst.code() == Code::kNotFound && attempts > 1) {
+      // A retry found no such upload: an earlier attempt may have completed
+      // it and its answer been lost (MinIO, among others, then answers 404
+      // NoSuchUpload; moto answers the repeat with the object). The object
+      // decides: there, of this size and (a multipart ETag "...-N") of these
+      // N parts, it is ours.
+      const std::optional<S3Error> err = parse_error(resp.body);
+      if (err && err->code == "NoSuchUpload") {
+        Status ours = check_completed(final_size, n);
+        if (ours.ok()) {
+          spdlog::info("ckptio: {}: a retried CompleteMultipartUpload found no such upload; the object is "
+                       "there, complete: an earlier attempt completed it",
+                       c_.describe(key_));
+          return Status::OK();
+        }
+        cst = Status(cst.code(), cst.message() + "; " + ours.message());
+      }
+    }
     if (!cst.ok()) {
       abort_upload();
       return cst.annotate("CompleteMultipartUpload");
@@ -209,6 +229,28 @@ class S3Writer : public WritableObject {
       single_done_ = true;
     }
     done(Status::OK());
+  }
+
+  // After a retried CompleteMultipartUpload met NoSuchUpload: OK when the
+  // object is there with `size` bytes and, if its ETag is a multipart one
+  // ("md5-N"), of `parts` parts; otherwise an error saying what was found.
+  Status check_completed(uint64_t size, uint64_t parts) {
+    S3Op op;
+    op.method = "HEAD";
+    op.key = key_;
+    auto [st, r] = c_.execute_sync(std::move(op));
+    if (!st.ok()) return Status(st.code(), "the object is not there either (" + st.message() + ")");
+    const std::string* cl = r.header("content-length");
+    if (!cl || *cl != std::to_string(size))
+      return io_error("the object there has " + (cl ? *cl : std::string("no Content-Length")) +
+                      " bytes, not " + std::to_string(size));
+    const std::string* etag = r.header("etag");
+    std::string e = etag ? *etag : "";
+    if (e.size() >= 2 && e.front() == '"' && e.back() == '"') e = e.substr(1, e.size() - 2);
+    const size_t dash = e.rfind('-');
+    if (dash != std::string::npos && e.substr(dash + 1) != std::to_string(parts))
+      return io_error("the object there has ETag " + *etag + ", not one of " + std::to_string(parts) + " parts");
+    return Status::OK();
   }
 
   Status put_empty() {

@@ -21,8 +21,8 @@ struct S3Options {
   std::string profile;
   std::string access_key_id, secret_access_key, session_token;
   bool anonymous = false;   // send unsigned requests
-  std::string addressing;   // "path" | "virtual" | "" (path for custom endpoints)
-  uint64_t part_size = 0;   // multipart part size (default 16 MiB, min 5 MiB)
+  std::string addressing;   // "path" | "virtual" | "" (path for custom endpoints and for bucket names with '.', uppercase or '_')
+  uint64_t part_size = 0;   // multipart part size (default 16 MiB, min 5 MiB, a multiple of 4096)
   uint32_t max_connections = 0;  // requests in flight (default 32)
   int max_attempts = 0;          // per request, first try included (default 10)
   double retry_base_s = 0;       // full-jitter backoff base (default 0.1 s)

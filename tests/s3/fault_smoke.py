@@ -474,6 +474,16 @@ def faults(p, prefix):
           f"bandwidth 1 MB/s, 200 kB: HTTP {r.status} in {dt:.3f} s (want >= 0.15)")
     ok(f"latency 0.4±0.1 s on HEAD; bandwidth: {dt:.2f} s for 200 kB at 1 MB/s")
 
+    # the Range header replaced, or dropped (a server that ignores Range)
+    p.rules(["fault=range range=bytes=0-9 op=GetObject"])
+    r = p.req("GET", key, headers={"Range": "bytes=100-109"})
+    check(r.status == 206 and r.body == data[:10] and (r.header("Content-Range") or "").startswith("bytes 0-9/"),
+          f"range replaced: HTTP {r.status} {r.header('Content-Range')} {r.body[:20]!r}")
+    p.rules(["fault=range range= op=GetObject"])
+    r = p.req("GET", key, headers={"Range": "bytes=100-109"})
+    check(r.status == 200 and r.body == data, f"range dropped: HTTP {r.status}, {len(r.body)} bytes")
+    ok("range: a ranged GET forwarded with another Range (206 of other bytes), or none (200)")
+
     # a seeded probability repeats itself
     patterns = []
     for _ in range(2):

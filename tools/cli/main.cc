@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
                  "Profile in ~/.aws/config and ~/.aws/credentials (as AWS_PROFILE)")
       ->group(s3);
   app.add_option("--s3-part-size", g.s3_part_size,
-                 "SIZE of a multipart part, in [5MiB, 5GiB] (default 16MiB); the unit of every write")
+                 "SIZE of a multipart part, in [5MiB, 5GiB], a multiple of 4096 (default 16MiB); the unit of every write")
       ->group(s3);
   app.add_option("--s3-max-connections", g.s3_max_connections, "Requests in flight (default 32)")
       ->check(positive())

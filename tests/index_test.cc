@@ -71,7 +71,7 @@ class Builder {
       s.box = std::move(b);
       s.file = file;
       s.offset = end;
-      s.crc32c = static_cast<uint32_t>(end * 2654435761u + s.length);
+      s.crc32c = s.length ? static_cast<uint32_t>(end * 2654435761u + s.length) : 0;  // (an empty shard's is 0)
       end += s.length;
       l.shards.push_back(std::move(s));
     }
@@ -1131,6 +1131,15 @@ TEST(IndexReject, ShardPastEndOfFile) {
                       "prefixes.tx[0].shards[0].offset: bytes [" + std::to_string(size - 8) + ", " +
                           std::to_string(size) + ") lie beyond the end of \"" + kFile + "\" (size " +
                           std::to_string(size - 1) + ")"));
+}
+
+// The empty shard's checksum is 0 (format.md §2.4): verify reported
+// anything else as a mismatch while both readers took it.
+TEST(IndexReject, EmptyShardWithANonZeroChecksum) {
+  Index x = Builder().leaf("model", "w", DType::kFloat32, {4, 4}, {Box::whole({4, 4}), Box{{2, 1}, {2, 4}}}).build();
+  ASSERT_EQ(x.prefixes[0].leaves[0].shards[1].length, 0u);
+  x.prefixes[0].leaves[0].shards[1].crc32c = 7;
+  EXPECT_TRUE(Rejects(serialize_index(x), "prefixes.model[0].shards[1].crc32c: an empty shard's checksum is 0, not 7"));
 }
 
 TEST(IndexReject, ShardFileNotListed) {

@@ -171,6 +171,8 @@ std::optional<Problem> check_shard_files(const Index& index,
         auto at = [&] {
           return "prefixes." + for_message(p.name) + "[" + std::to_string(i) + "].shards[" + std::to_string(j) + "]";
         };
+        if (s.length == 0 && s.crc32c != 0)
+          return Problem{at() + ".crc32c", "an empty shard's checksum is 0, not " + std::to_string(s.crc32c)};
         // Shards of one file come in runs: look a name up when it changes.
         if (!last || s.file != *last) {
           auto it = files.find(s.file);

@@ -404,7 +404,8 @@ class FastReader {
              }
              return false;
            }) &&
-           seen == 31 && !__builtin_add_overflow(shard.offset, shard.length, &end) && note_file_run(file, end);
+           seen == 31 && (shard.length != 0 || shard.crc32c == 0) &&  // (the strict reader names it)
+           !__builtin_add_overflow(shard.offset, shard.length, &end) && note_file_run(file, end);
   }
   bool note_file_run(std::string_view file, uint64_t end) {
     if (file_runs_.empty() || file_runs_.back().name != file) file_runs_.push_back(FileRun{file, end});

@@ -150,7 +150,11 @@ struct ManagerOptions {
   std::string layout = "ckptio";
   StagingMode staging = StagingMode::kCopy;
   // Upper bound on staging memory (copy mode's pool, borrow mode's bounce
-  // buffers). Peak extra memory of a save stays within it. The pool is kept
+  // buffers). Peak extra memory of a save stays within it, with two
+  // exceptions: the pool holds at least two chunks (a chunk_size above half
+  // the budget takes 2 x chunk_size), and a save with SaveOptions::
+  // float_dtype holds the cast copy of every float leaf, outside the pool,
+  // until it ends. The pool is kept
   // for later saves; copy mode grows it at a save's start to what the state
   // needs (at most this), so save() never waits for the disk when the budget
   // holds the state.

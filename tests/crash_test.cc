@@ -198,13 +198,7 @@ using testutil::under_thread_sanitizer;
 // The sanitizer this build runs under, or nullptr.
 const char* sanitizer_name() {
   if (under_thread_sanitizer()) return "ThreadSanitizer";
-#if defined(__SANITIZE_ADDRESS__)
-  return "AddressSanitizer";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-  return "AddressSanitizer";
-#endif
-#endif
+  if (testutil::under_address_sanitizer()) return "AddressSanitizer";
   return nullptr;
 }
 

@@ -455,6 +455,9 @@ class CheckpointManager {
   // itself (measured in docs/library.md). Later saves reuse the buffers.
   // Call it while the trainer sets up, from a thread of its own if the
   // setup should not wait. Borrow mode has no staging buffers: OK at once.
+  // kResourceExhausted when the system refuses the memory (RLIMIT_AS,
+  // strict overcommit): the buffers made are kept, and saves go on with
+  // them; a save fails with kResourceExhausted only when it gets none.
   Status prepare_staging(uint64_t state_bytes);
 
   // Committed steps only, ascending. A step whose index fails to parse, or

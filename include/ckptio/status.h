@@ -30,7 +30,10 @@ enum class Code : uint8_t {
   kUnimplemented,      // the backend or build lacks the feature
   kCancelled,          // aborted by the caller or by shutdown
   kInternal,           // a bug in ckptio
+  kResourceExhausted,  // out of memory (or another limit of the process): the
+                       // operation left nothing behind and may succeed later
 };
+inline constexpr Code kLastCode = Code::kResourceExhausted;
 
 const char* code_name(Code c);
 
@@ -65,6 +68,10 @@ inline Status not_found(std::string m) { return Status(Code::kNotFound, std::mov
 inline Status data_loss(std::string m) { return Status(Code::kDataLoss, std::move(m)); }
 inline Status io_error(std::string m) { return Status(Code::kIOError, std::move(m)); }
 inline Status internal_error(std::string m) { return Status(Code::kInternal, std::move(m)); }
+// "out of memory: <what>": an allocation for `what` failed.
+inline Status out_of_memory(const std::string& what) {
+  return Status(Code::kResourceExhausted, "out of memory: " + what);
+}
 
 // Result<T>: either a value or a non-OK Status.
 template <typename T>

@@ -12,8 +12,8 @@ docs/python.md is the guide; the C++ headers (include/ckptio/) are the reference
 
 from . import _ckptio
 from .errors import (AlreadyExists, Cancelled, DataLoss, Error, FailedPrecondition, Internal,
-                     InvalidArgument, IOError, NoSpace, NotFound, PermissionDenied, Unavailable,
-                     Unimplemented)
+                     InvalidArgument, IOError, NoSpace, NotFound, PermissionDenied, ResourceExhausted,
+                     Unavailable, Unimplemented)
 from ._leaves import RawArray, raw_array
 from ._shards import (Mesh, PartitionSpec, Shard, Shards, devices_indices_map,
                       match_partition_rules)
@@ -28,6 +28,7 @@ __all__ = [
     "Shards", "Shard", "Mesh", "PartitionSpec", "devices_indices_map", "match_partition_rules",
     "Error", "InvalidArgument", "NotFound", "AlreadyExists", "FailedPrecondition", "PermissionDenied",
     "NoSpace", "IOError", "Unavailable", "DataLoss", "Unimplemented", "Cancelled", "Internal",
+    "ResourceExhausted",
 ]
 
 

@@ -4,8 +4,8 @@ Every error of the library reaches Python as a subclass of `ckptio.Error`
 carrying the C++ message (which names the step, leaf, shard or file at fault).
 `Error.code` is the status code's name ("NotFound", "DataLoss", ...).
 Classes that have a natural Python counterpart also derive from it, so
-`except ValueError` catches `InvalidArgument` and `except LookupError`
-catches `NotFound`.
+`except ValueError` catches `InvalidArgument`, `except LookupError`
+catches `NotFound` and `except MemoryError` catches `ResourceExhausted`.
 """
 
 from . import _ckptio
@@ -82,8 +82,13 @@ class Internal(Error):
     code = "Internal"
 
 
+class ResourceExhausted(Error, MemoryError):
+    """Out of memory: an allocation (a staging buffer, a restored leaf) failed; nothing was left behind."""
+    code = "ResourceExhausted"
+
+
 BY_CODE = {cls.code: cls for cls in (
     InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, PermissionDenied, NoSpace,
-    IOError, Unavailable, DataLoss, Unimplemented, Cancelled, Internal)}
+    IOError, Unavailable, DataLoss, Unimplemented, Cancelled, Internal, ResourceExhausted)}
 
 _ckptio._set_error_classes(BY_CODE)

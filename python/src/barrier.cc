@@ -41,7 +41,7 @@ Status status_of_exception(py::error_already_set& e) {
     py::object code = value.attr("code");
     if (py::isinstance<py::str>(code)) {
       const std::string c = code.cast<std::string>();
-      for (int i = 1; i <= static_cast<int>(Code::kInternal); ++i)
+      for (int i = 1; i <= static_cast<int>(kLastCode); ++i)
         if (c == code_name(static_cast<Code>(i))) return Status(static_cast<Code>(i), text);
     }
   }

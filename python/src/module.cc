@@ -71,7 +71,7 @@ PYBIND11_MODULE(_ckptio, m) {
     for (auto item : classes) (*error_classes)[item.first] = item.second;
   });
   m.def("_raise_status", [](const std::string& code, const std::string& message) {
-    for (int c = 0; c <= static_cast<int>(Code::kInternal); ++c)
+    for (int c = 0; c <= static_cast<int>(kLastCode); ++c)
       if (code == code_name(static_cast<Code>(c))) throw StatusError(Status(static_cast<Code>(c), message));
     throw StatusError(Status(Code::kInternal, message));
   }, "Raises the ckptio.Error of a status code (tests).");

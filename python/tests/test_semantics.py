@@ -75,6 +75,7 @@ def test_errors_map_to_classes_with_the_cpp_message(ckpt_dir, tmp_path):
             ckptio._ckptio._raise_status(code, "the message")
         assert isinstance(e.value, ckptio.Error) and e.value.code == code
     assert issubclass(ckptio.InvalidArgument, ValueError) and issubclass(ckptio.NotFound, LookupError)
+    assert issubclass(ckptio.ResourceExhausted, MemoryError) and "ResourceExhausted" in ckptio.errors.BY_CODE
     with ckptio.CheckpointManager(ckpt_dir) as mgr:
         with pytest.raises(ckptio.NotFound):
             mgr.restore()

@@ -13,6 +13,7 @@
 // (rename, or the index PUT last). Any failure runs discard_attempt(), which
 // never touches a committed step's objects.
 #include <chrono>
+#include <new>
 
 #include "src/util/callback.h"
 #include "src/save/commit.h"
@@ -313,7 +314,7 @@ Result<CopyStats> copy_step(Storage& src, Storage& dst, std::optional<int64_t> s
   try {
     return copy_step_impl(src, dst, step, options);
   } catch (const std::bad_alloc&) {
-    return Status(Code::kInternal, "copy: out of memory");
+    return out_of_memory("copy");
   } catch (const std::exception& e) {  // thread creation; nothing else throws
     return internal_error(std::string("copy: ") + e.what());
   }
@@ -323,7 +324,7 @@ Result<std::vector<CopyStats>> copy_all_steps(Storage& src, Storage& dst, const 
   try {
     return copy_all_impl(src, dst, options);
   } catch (const std::bad_alloc&) {
-    return Status(Code::kInternal, "copy: out of memory");
+    return out_of_memory("copy");
   } catch (const std::exception& e) {
     return internal_error(std::string("copy: ") + e.what());
   }

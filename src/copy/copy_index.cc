@@ -13,6 +13,8 @@
 // is committed.
 #include <nlohmann/json.hpp>
 
+#include <new>
+
 #include "src/copy/copy.h"
 
 namespace ckptio {
@@ -46,6 +48,8 @@ Result<std::string> rewrite_index_text(std::string_view src_text, const Index& s
       for (auto& leaf : leaves)
         for (auto& shard : leaf.at("shards")) rename(shard.at("file"));
     text = doc.dump();
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("rewrite the index for the copy");
   } catch (const std::exception& e) {
     return internal_error(std::string("rewrite the index for the copy: ") + e.what());
   }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -66,7 +67,9 @@ Result<Index> parse_index_arriving(std::string_view json, size_t loaded, const s
     if (!arriving.bring()) return arriving.status;
     if (taken) return index;
     return read_index_strict(json, limits);
-  } catch (const std::exception& e) {  // allocation failure; nothing else throws
+  } catch (const std::bad_alloc&) {  // nothing else throws
+    return out_of_memory("parse_index: " + std::to_string(json.size()) + " bytes of index");
+  } catch (const std::exception& e) {
     return Status(Code::kInternal, std::string("parse_index: ") + e.what());
   }
 }
@@ -78,7 +81,9 @@ Result<Index> parse_index(std::string_view json, const IndexLimits& limits) {
     Index index;
     if (index_readers::read_index_fast(json, limits, &index)) return index;
     return index_readers::read_index_strict(json, limits);
-  } catch (const std::exception& e) {  // allocation failure; nothing else throws
+  } catch (const std::bad_alloc&) {  // nothing else throws
+    return out_of_memory("parse_index: " + std::to_string(json.size()) + " bytes of index");
+  } catch (const std::exception& e) {
     return Status(Code::kInternal, std::string("parse_index: ") + e.what());
   }
 }
@@ -95,6 +100,8 @@ Status check_metadata_json(std::string_view json) {
   try {
     auto canonical = index_internal::read_metadata(json);
     return canonical.ok() ? Status::OK() : invalid_argument(canonical.status().message());
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("check_metadata_json");
   } catch (const std::exception& e) {
     return Status(Code::kInternal, std::string("check_metadata_json: ") + e.what());
   }

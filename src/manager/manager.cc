@@ -125,8 +125,7 @@ Status CheckpointManager::wait_until_finished() {
 Status CheckpointManager::prepare_staging(uint64_t state_bytes) {
   CKPTIO_RETURN_IF_ERROR(check_process());
   if (options_.staging != StagingMode::kCopy) return Status::OK();
-  impl_->pool->reserve(state_bytes / impl_->chunk + (state_bytes % impl_->chunk != 0));
-  return Status::OK();
+  return impl_->pool->reserve(state_bytes / impl_->chunk + (state_bytes % impl_->chunk != 0), /*lift=*/true);
 }
 
 Result<SaveHandle> CheckpointManager::save(int64_t step, const std::vector<LeafView>& state,

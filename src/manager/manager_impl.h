@@ -151,6 +151,7 @@ struct CheckpointManager::Impl {
   // the data is read, the selected leaves' paths and shapes are moved out of
   // `index` into the result (no copy per leaf): the caller discards it.
   Result<RestoredState> restore_index(Index& index, const RestoreOptions& options);
+  Result<RestoredState> restore_index_taking_memory(Index& index, const RestoreOptions& options);
 };
 
 }  // namespace ckptio

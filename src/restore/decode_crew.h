@@ -8,6 +8,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -67,7 +68,13 @@ class DecodeCrew {
       tasks_.pop_front();
       const bool skip = !error_.ok();
       lock.unlock();
-      Status st = t(decoder, scratch, skip);
+      Status st;
+      try {
+        st = t(decoder, scratch, skip);
+      } catch (const std::bad_alloc&) {  // a chunk's scratch: the restore fails, the process goes on
+        st = out_of_memory("decoding a chunk");
+        std::vector<std::byte>().swap(scratch);
+      }
       t = nullptr;  // frees what the task holds before it counts as done
       // A chunk that did not land in place left the scratch at its size: kept
       // up to kKeepScratch for the next, freed above it, so that a restore

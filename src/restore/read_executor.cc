@@ -5,6 +5,7 @@
 #include <deque>
 #include <future>
 #include <memory>
+#include <new>
 
 #include "src/util/async.h"
 
@@ -36,6 +37,21 @@ class Executor {
         stats_(stats ? stats : &own_stats_), align_(std::max<uint64_t>(limits.align, 1)) {}
 
   Status run() {
+    Status first;
+    try {
+      first = loop();
+    } catch (const std::bad_alloc&) {
+      // (Destinations, staging, a consumer's leaves: the memory of a restore
+      // is taken as it goes, so the system may refuse it midway.)
+      first = out_of_memory(what_);
+    }
+    for (InFlight& f : reading_)
+      if (f.done.valid()) (void)f.done.get();  // never leave a read writing into freed memory
+    return first;
+  }
+
+ private:
+  Status loop() {
     Status first = plan_more();
     while (first.ok()) {
       while (reading_.size() < kBatchesInFlight && cut_ < reads_.size()) launch();
@@ -50,12 +66,9 @@ class Executor {
       reading_.pop_front();
       first = finish(f);
     }
-    for (InFlight& f : reading_)
-      if (f.done.valid()) (void)f.done.get();  // never leave a read writing into freed memory
     return first;
   }
 
- private:
   Status plan_more() {
     const size_t before = reads_.size();
     auto more = consumer_.more(&reads_);

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <new>
 #include <set>
 
 #include "ckptio/manager.h"
@@ -175,6 +176,19 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
 
 Result<RestoredState> CheckpointManager::Impl::restore_index(Index& index,
                                                             const RestoreOptions& options) {
+  // The restore takes its memory as it goes (leaves, staging, decoders' and
+  // the planner's tables), and the system may refuse it. Reads in flight
+  // are the read executor's, which drains them before it returns an error
+  // (out_of_memory too): nothing still writes into memory this unwinds.
+  try {
+    return restore_index_taking_memory(index, options);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("restore step " + std::to_string(index.step) + " at " + owner->storage().describe());
+  }
+}
+
+Result<RestoredState> CheckpointManager::Impl::restore_index_taking_memory(Index& index,
+                                                                          const RestoreOptions& options) {
   const auto t0 = Clock::now();
   Storage& storage = owner->storage();
   const int64_t the_step = index.step;  // its callers hold a ReadMark on it

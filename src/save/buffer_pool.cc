@@ -3,36 +3,76 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include <sys/mman.h>
+
+#include <spdlog/spdlog.h>
 
 #include "src/util/populate.h"
 
 namespace ckptio {
 
 BufferPool::BufferPool(uint64_t chunk, uint64_t capacity)
-    : chunk_(chunk), capacity_(std::max<uint64_t>(capacity, 1)) {}
+    : chunk_(chunk), capacity_(std::max<uint64_t>(capacity, 1)), ceiling_(capacity_) {
+  free_.reserve(capacity_);  // so that keeping a buffer never allocates
+}
 
 BufferPool::~BufferPool() {
-  for (std::byte* b : free_) ::munmap(b, chunk_);
+  for (std::byte* b : free_) free_buffer(b);
 }
 
 std::byte* BufferPool::acquire() {
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return !free_.empty() || allocated_ < capacity_; });
-  if (!free_.empty()) {
-    std::byte* b = free_.back();
-    free_.pop_back();
-    return b;
+  for (;;) {
+    cv_.wait(lock, [&] { return !free_.empty() || allocated_ < ceiling_; });
+    if (!free_.empty()) {
+      std::byte* b = free_.back();
+      free_.pop_back();
+      return b;
+    }
+    ++allocated_;
+    lock.unlock();
+    // Faulted in whole now, as reserve() does: a buffer kept for later saves
+    // must not take fresh page faults (and resident memory) save after save
+    // as larger slices of it get used.
+    std::byte* b = allocate_buffer();
+    if (b) {
+      populate(b);
+      return b;
+    }
+    lock.lock();
+    if (--allocated_ == 0) {
+      cv_.notify_all();  // waiters try for themselves
+      return nullptr;
+    }
+    std::vector<std::byte*> unmap;
+    refused_locked(&unmap);  // then wait for one of the buffers there are
+    if (!unmap.empty()) {
+      lock.unlock();
+      for (std::byte* u : unmap) free_buffer(u);
+      lock.lock();
+    }
   }
-  ++allocated_;
-  lock.unlock();
-  // Faulted in whole now, as reserve() does: a buffer kept for later saves
-  // must not take fresh page faults (and resident memory) save after save
-  // as larger slices of it get used.
-  std::byte* b = allocate_buffer();
-  populate(b);
-  return b;
+}
+
+void BufferPool::refused_locked(std::vector<std::byte*>* unmap) {
+  const uint64_t ceiling = std::max<uint64_t>(allocated_ > 1 ? allocated_ - 1 : 1, 1);
+  if (ceiling < ceiling_)
+    spdlog::warn("ckptio: the system refused a staging buffer of {} bytes; saves go on with {} of {}", chunk_,
+                 ceiling, capacity_);
+  ceiling_ = std::min(ceiling_, ceiling);
+  while (allocated_ > ceiling_ && !free_.empty()) {
+    unmap->push_back(free_.back());
+    free_.pop_back();
+    --allocated_;
+  }
+}
+
+Status BufferPool::out_of_memory() const {
+  return ckptio::out_of_memory("a staging buffer of " + std::to_string(chunk_) +
+                               " bytes (the system refused it: RLIMIT_AS or overcommit; a smaller "
+                               "staging_budget or chunk_size, or borrow staging, needs less)");
 }
 
 void BufferPool::populate(std::byte* b) const {
@@ -50,7 +90,7 @@ std::byte* BufferPool::allocate_buffer() const {
   const size_t align = chunk_ % huge == 0 ? huge : 4096;
   const size_t span = chunk_ + (align > 4096 ? align : 0);
   void* m = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) std::abort();  // out of memory for a bounded, configured pool
+  if (m == MAP_FAILED) return nullptr;
   auto* base = static_cast<std::byte*>(m);
   auto* p = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(base) + align - 1) / align * align);
   if (p > base) ::munmap(base, static_cast<size_t>(p - base));  // the head and tail beyond the alignment
@@ -59,33 +99,49 @@ std::byte* BufferPool::allocate_buffer() const {
   return p;
 }
 
-void BufferPool::reserve(uint64_t n) {
+void BufferPool::free_buffer(std::byte* b) const { ::munmap(b, chunk_); }
+
+Status BufferPool::reserve(uint64_t n, bool lift) {
   uint64_t make = 0;
   {
     std::lock_guard lock(mu_);
-    n = std::min(n, capacity_);
-    if (allocated_ >= n) return;
+    if (lift) ceiling_ = capacity_;
+    n = std::min(n, ceiling_);
+    if (allocated_ >= n) return Status::OK();
     make = n - allocated_;
     allocated_ = n;
   }
   std::vector<std::byte*> made;
+  made.reserve(make);
   for (uint64_t i = 0; i < make; ++i) {
     std::byte* b = allocate_buffer();
+    if (!b) break;
     populate(b);
     made.push_back(b);
   }
+  std::vector<std::byte*> unmap;
   {
     std::lock_guard lock(mu_);
+    allocated_ -= make - made.size();
     free_.insert(free_.end(), made.begin(), made.end());
+    if (made.size() < make && allocated_ > 0) refused_locked(&unmap);
   }
+  for (std::byte* b : unmap) free_buffer(b);
   cv_.notify_all();
+  return made.size() == make ? Status::OK() : out_of_memory();
 }
 
 void BufferPool::release(std::byte* buf) {
   {
     std::lock_guard lock(mu_);
-    free_.push_back(buf);
+    if (allocated_ <= ceiling_) {
+      free_.push_back(buf);
+      buf = nullptr;
+    } else {
+      --allocated_;  // above a ceiling a refusal lowered: back to the system
+    }
   }
+  if (buf) free_buffer(buf);
   cv_.notify_one();
 }
 

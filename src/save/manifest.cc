@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <new>
 #include <numeric>
 
 namespace ckptio {
@@ -116,6 +117,8 @@ Result<Manifest> parse_manifest(std::string_view json) {
     m.process_index = static_cast<int>(index_v->get<int64_t>());
     m.process_count = static_cast<int>(count_v->get<int64_t>());
     if (error->is_string()) m.error = error->get<std::string>();
+  } catch (const std::bad_alloc&) {  // not damage: the manifest may be whole
+    return out_of_memory("manifest");
   } catch (const std::exception& e) {
     return data_loss(std::string("manifest: ") + e.what());
   }

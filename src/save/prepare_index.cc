@@ -1,6 +1,7 @@
 #include "src/save/prepare_index.h"
 
 #include <exception>
+#include <new>
 #include <utility>
 
 #include "ckptio/index.h"
@@ -34,6 +35,8 @@ Status IndexPreparer::verdict() {
   // preparation threw (out of memory) fails this save, not the worker.
   try {
     return verdict_.get();
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("prepare the index");
   } catch (const std::exception& e) {
     return internal_error(std::string("prepare the index: ") + e.what());
   } catch (...) {
@@ -58,6 +61,7 @@ void IndexPreparer::prepare() {
     if (job_.paths.renames) staging = try_async(stage);
     auto check = parse_index(json_);
     Status staged = staging.valid() ? staging.get() : stage();
+    if (!check.ok() && check.status().code() == Code::kResourceExhausted) return say(check.status());
     if (!check.ok()) return say(check.status().annotate("internal: serialized index fails to parse"));
     say(staged);
   } catch (...) {  // (out of memory) the worker must not wait for a verdict that never comes

@@ -46,6 +46,18 @@ struct SaveJob {
   std::atomic<double> stall_seconds{0};  // set by save() as it returns
   std::shared_ptr<SaveHandle::State> handle;
   std::atomic<bool> failed{false};  // the writes failed: copiers and worker stop
+  // Why the copiers stopped, when it was theirs to say (no staging buffer).
+  void fail(Status st) {
+    {
+      std::lock_guard lock(mu);
+      if (copy_error.ok()) copy_error = std::move(st);
+    }
+    failed = true;
+  }
+  Status copy_failure() {
+    std::lock_guard lock(mu);
+    return copy_error;
+  }
 
   // Copy mode: the caller's thread and the crew fill chunks (one per range)
   // and checksum them as they copy; the worker consumes them in range order.
@@ -60,11 +72,12 @@ struct SaveJob {
   };
   std::mutex claim_mu;       // guards next_claim
   size_t next_claim = 0;
-  std::mutex mu;             // guards chunks, claimed, producer_done
+  std::mutex mu;             // guards chunks, claimed, producer_done, copy_error
   std::condition_variable cv;
   std::vector<Chunk> chunks;
   size_t claimed = 0;        // final once producer_done
   bool producer_done = false;
+  Status copy_error;         // guarded by mu
 
   void publish(size_t i, std::byte* buf, std::vector<PieceCrc> crcs) {
     {

@@ -16,6 +16,10 @@ void copy_state(SaveJob& job, BufferPool& pool, Crew& crew) {
         std::lock_guard lock(job.claim_mu);
         if (job.failed.load() || job.next_claim >= job.ranges.size()) return;
         buf = pool.acquire();
+        if (!buf) {  // no buffer at all: the write loop ends at the ranges claimed so far
+          job.fail(pool.out_of_memory());
+          return;
+        }
         i = job.next_claim++;
       }
       std::vector<PieceCrc> crcs;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <utility>
@@ -111,8 +112,13 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
                                               " (pass overwrite to replace it)");
     }
   }
-  auto planned = eformer ? make_eformer_job(step, std::move(state), options, final_dir)
-                         : make_job(step, std::move(state), options, final_dir);
+  Result<std::shared_ptr<SaveJob>> planned = internal_error("unplanned");
+  try {  // (the plan's vectors, float_dtype's cast copies, the eformer layout's copies)
+    planned = eformer ? make_eformer_job(step, std::move(state), options, final_dir)
+                      : make_job(step, std::move(state), options, final_dir);
+  } catch (const std::bad_alloc&) {
+    planned = out_of_memory("planning the save of step " + std::to_string(step));
+  }
   if (!planned.ok()) {
     release_slot();
     return planned.status();
@@ -143,7 +149,7 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
     // as soon as it is full. Blocks only while every pool buffer is in use.
     // Checksums are computed here, block by block as each is copied (see
     // kCopyBlock), per piece; the worker joins them in order.
-    pool->reserve(job->ranges.size());
+    (void)pool->reserve(job->ranges.size());  // refused: the pool goes on with what it has, or the copy fails
     copy_state(*job, *pool, *crew);
     job->handle->set_released();
   }

@@ -167,6 +167,11 @@ void queue_writes(BufferPool& pool, SaveJob& job, DataFiles& files, PendingWrite
     } else {
       if (job.failed) break;
       buf = pool.acquire();
+      if (!buf) {
+        pending.fail(pool.out_of_memory());
+        job.failed = true;
+        break;
+      }
       stage_range(cursor, r, buf, [&](size_t shard, uint32_t crc, uint64_t n) {
         crcs[shard] = crc32c_combine(crcs[shard], crc, n);
       });
@@ -204,6 +209,7 @@ Status write_data(Storage& storage, BufferPool& pool, SaveJob& job, std::vector<
   drain_ready(job, pool);
   // Direct writes read the caller's memory until they complete.
   if (!job.copy_mode) job.handle->set_released();
+  if (st.ok() && job.failed) st = job.copy_failure();
   if (st.ok() && job.failed) st = internal_error("save stopped early");
   for (size_t f = 0; st.ok() && f < job.plan.files.size(); ++f)  // files without ranges: empty ones
     st = files.open(f);

@@ -9,6 +9,8 @@
 // JSON location.
 #include <nlohmann/json.hpp>
 
+#include <new>
+
 #include "ckptio/sharding.h"
 #include "src/util/json_scan.h"
 
@@ -35,7 +37,9 @@ Result<Json> parse_screened(std::string_view text, size_t max_bytes, int max_dep
     return Json::parse(text.begin(), text.end());
   } catch (const Json::parse_error& e) {
     return invalid_argument(root + ": invalid JSON at byte " + std::to_string(e.byte) + ": " + e.what());
-  } catch (const std::exception& e) {  // allocation failure
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("parse " + root);
+  } catch (const std::exception& e) {
     return invalid_argument(root + ": cannot parse: " + e.what());
   }
 }
@@ -105,7 +109,9 @@ Result<PartitionSpec> parse_partition_spec_json(std::string_view json) {
   try {
     CKPTIO_ASSIGN_OR_RETURN(Json j, parse_screened(json, kMaxSpecBytes, kSpecDepth, "spec"));
     return read_spec(j, "spec");
-  } catch (const std::exception& e) {  // allocation failure; nothing else throws
+  } catch (const std::bad_alloc&) {  // nothing else throws
+    return out_of_memory("parse spec");
+  } catch (const std::exception& e) {
     return invalid_argument(std::string("spec: ") + e.what());
   }
 }
@@ -115,6 +121,8 @@ Result<PartitionRules> PartitionRules::from_json(std::string_view json) {
   try {
     CKPTIO_ASSIGN_OR_RETURN(Json j, parse_screened(json, kMaxRulesBytes, kRulesDepth, "rules"));
     CKPTIO_ASSIGN_OR_RETURN(rules, read_rules(j));
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("parse rules");
   } catch (const std::exception& e) {
     return invalid_argument(std::string("rules: ") + e.what());
   }

@@ -20,6 +20,7 @@ const char* code_name(Code c) {
     case Code::kUnimplemented: return "Unimplemented";
     case Code::kCancelled: return "Cancelled";
     case Code::kInternal: return "Internal";
+    case Code::kResourceExhausted: return "ResourceExhausted";
   }
   return "Unknown";
 }

@@ -1,5 +1,6 @@
-// Helpers for tests that fork(): is this a ThreadSanitizer build, and which
-// threads besides the caller are running (a parent must fork single-threaded).
+// Helpers for tests that fork(): is this a ThreadSanitizer (or
+// AddressSanitizer) build, and which threads besides the caller are running
+// (a parent must fork single-threaded).
 #pragma once
 
 #include <unistd.h>
@@ -18,6 +19,17 @@ inline bool under_thread_sanitizer() {
   return true;
 #elif defined(__has_feature)
 #if __has_feature(thread_sanitizer)
+  return true;
+#endif
+#endif
+  return false;
+}
+
+inline bool under_address_sanitizer() {
+#if defined(__SANITIZE_ADDRESS__)
+  return true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
   return true;
 #endif
 #endif

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <new>
 
 #include <nlohmann/json.hpp>
 
@@ -41,6 +42,8 @@ Result<Json> parse_screened(std::string_view text, uint64_t max_bytes, const std
     return Json::parse(text.begin(), text.end());
   } catch (const Json::parse_error& e) {
     return data_loss(what + ": invalid JSON at byte " + std::to_string(e.byte) + ": " + ascii_printable(e.what()));
+  } catch (const std::bad_alloc&) {  // not damage: the file may be whole
+    return out_of_memory("parse " + what);
   } catch (const std::exception& e) {
     return data_loss(what + ": cannot parse: " + ascii_printable(e.what()));
   }
@@ -314,7 +317,9 @@ Result<EformerIndex> parse_eformer_index(std::string_view text, const EformerInd
   if (!root.ok()) return root.status();
   try {
     return read_index(*root, limits);
-  } catch (const std::exception& e) {  // allocation failure; types are checked before every get
+  } catch (const std::bad_alloc&) {  // not damage: the file may be whole
+    return out_of_memory("read tensorstore_index.json");
+  } catch (const std::exception& e) {  // types are checked before every get
     return data_loss(std::string("tensorstore_index.json: cannot read: ") + ascii_printable(e.what()));
   }
 }

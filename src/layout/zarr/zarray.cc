@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <new>
 
 #include <nlohmann/json.hpp>
 
@@ -425,7 +426,9 @@ Result<ZArray> parse_zarray(std::string_view text, const ZArrayLimits& limits) {
     return parse_json(root, limits);
   } catch (const Json::parse_error& e) {
     return bad("invalid JSON at byte " + std::to_string(e.byte) + ": " + ascii_printable(e.what()));
-  } catch (const std::exception& e) {  // allocation failure; type errors are checked before every get
+  } catch (const std::bad_alloc&) {  // not damage: the file may be whole
+    return out_of_memory("parse .zarray");
+  } catch (const std::exception& e) {  // type errors are checked before every get
     return bad(std::string("cannot parse: ") + ascii_printable(e.what()));
   }
 }

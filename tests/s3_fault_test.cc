@@ -386,5 +386,90 @@ TEST_F(S3MotoFaulty, ReadNeverMixesVersions) {
   EXPECT_NE(st.message().find("changed while it was being read"), std::string::npos) << st.to_string();
 }
 
+// A body damaged on the way to a server that checks x-amz-checksum-crc32c is
+// refused and sent again. The proxy stands for the path and the server's
+// check: `corrupt` flips one byte of a body, then `checksum` checks the body
+// against its checksum headers as S3 does (400 BadDigest) before anything
+// goes upstream. (None of the three test servers checks
+// x-amz-checksum-crc32c itself: docs/s3.md, "Upload checksums".) Payloads
+// unsigned, as over https, the AWS default there: the checksum header is
+// then the only check of the body.
+TEST_F(S3MotoFaulty, ABodyDamagedOnTheWayIsRefusedAndSentAgain) {
+  config_.sign_payloads = false;
+  auto s = testutil::open_s3_test_store(&config_);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  store_ = std::move(s).value();
+  rules("fault=checksum op=PutObject|UploadPart\n"
+        "fault=corrupt op=UploadPart path='[?&]partNumber=2(&|$)' count=1\n"
+        "fault=corrupt op=PutObject count=1\n"
+        // counts the uploads whose signature covers the header
+        "fault=latency delay=0.001 op=PutObject|UploadPart header='^Authorization:.*SignedHeaders=[^,]*x-amz-checksum-crc32c'\n"
+        "fault=latency delay=0.001 op=CreateMultipartUpload header='^x-amz-checksum-algorithm: *CRC32C'");
+  auto big = random_bytes(3 * kS3TestPart + 1000, 21);  // 4 parts
+  int32_t n = 7;
+  CheckpointManager m(store_, manager_options());
+  auto h = m.save(1, state(big, n));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  Status st = h->wait();
+  ASSERT_TRUE(st.ok()) << st.to_string();
+
+  EXPECT_EQ(count("faults.corrupt"), 2);
+  EXPECT_EQ(count("checksums.refused"), 2) << "both damaged bodies refused";
+  EXPECT_GE(store_->s3_stats().retries, 2u);
+  // Every upload carried the header, signed: the two refused, sent again.
+  const long uploads = count("op.PutObject") + count("op.UploadPart");
+  EXPECT_EQ(count("op.UploadPart"), 5);
+  EXPECT_EQ(count("checksums.crc32c"), uploads);
+  EXPECT_EQ(count("rule.3.matched"), uploads);
+  EXPECT_EQ(count("rule.4.matched"), 1) << "CreateMultipartUpload declares CRC32C";
+  rules("");
+
+  auto r = m.restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->leaves[0].data.size(), big.size());
+  EXPECT_EQ(std::memcmp(r->leaves[0].data.data(), big.data(), big.size()), 0);
+  ASSERT_EQ(r->leaves.size(), 2u);
+  ASSERT_EQ(r->leaves[1].data.size(), sizeof n);
+  int32_t back = 0;
+  std::memcpy(&back, r->leaves[1].data.data(), sizeof back);
+  EXPECT_EQ(back, n);
+  EXPECT_TRUE(m.verify(1).ok());
+}
+
+// A body damaged on every attempt is not a transient: after three refusals
+// the request fails as data loss, saying what the refusals mean.
+TEST_F(S3MotoFaulty, ABodyDamagedOnEveryAttemptFailsAfterThree) {
+  config_.retry.max_attempts = 10;
+  auto s = testutil::open_s3_test_store(&config_);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  store_ = std::move(s).value();
+  rules("fault=checksum op=PutObject\nfault=corrupt op=PutObject");
+  const std::string body(4000, 'b');
+  Status st = store_->put("k", std::as_bytes(std::span(body)));
+  EXPECT_EQ(st.code(), Code::kDataLoss) << st.to_string();
+  for (const char* want : {"HTTP 400 BadDigest", "3 times", "after 3 attempts"})
+    EXPECT_NE(st.message().find(want), std::string::npos) << want << " not in: " << st.to_string();
+  EXPECT_EQ(count("op.PutObject"), 3);
+  EXPECT_EQ(count("forwarded"), 0) << "nothing damaged reached the server";
+}
+
+// A server that refuses the checksum header itself (not a mismatch: it does
+// not support it) gets an error that names the switch, and with checksums
+// off (AWS_REQUEST_CHECKSUM_CALCULATION=when_required) no header at all.
+TEST_F(S3MotoFaulty, AServerThatRefusesTheChecksumHeaderNamesTheSwitch) {
+  rules("status=400 code=InvalidArgument header='^x-amz-checksum-' op=PutObject");
+  const std::string body = "index";
+  Status st = store_->put("k", std::as_bytes(std::span(body)));
+  EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("AWS_REQUEST_CHECKSUM_CALCULATION=when_required"), std::string::npos)
+      << st.to_string();
+  config_.checksums = false;
+  auto s = testutil::open_s3_test_store(&config_);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_TRUE((*s)->put("k", std::as_bytes(std::span(body))).ok());
+  EXPECT_EQ(count("rule.0.injected"), 1);
+  EXPECT_EQ(count("op.PutObject"), 2);
+}
+
 }  // namespace
 }  // namespace ckptio

@@ -245,7 +245,7 @@ void S3Client::on_response(std::shared_ptr<Attempt> a, HttpResponse resp) {
     if (body_mismatch(s3code)) {
       // The body arrived damaged: sent again from memory, a bounded number of
       // times (retry.h); then kDataLoss, saying what that means.
-      if (++a->damaged < kBodyMismatchAttempts) {
+      if (++a->damaged < kBodyMismatchAttempts && a->attempts < config_.retry.max_attempts) {
         st = Status(Code::kUnavailable, msg);
       } else {
         st = Status(st.code(), msg + " (the server received a body other than the one sent, " +
@@ -256,7 +256,7 @@ void S3Client::on_response(std::shared_ptr<Attempt> a, HttpResponse resp) {
                (s3code == "InvalidRequest" || s3code == "InvalidArgument" || s3code == "NotImplemented")) {
       // A server that does not know the checksum header may refuse it.
       msg += " (if this server refuses x-amz-checksum-crc32c, turn upload checksums off: "
-             "AWS_REQUEST_CHECKSUM_CALCULATION=when_required, or S3Options::checksums = \"off\")";
+             "AWS_REQUEST_CHECKSUM_CALCULATION=when_required, --s3-checksums off, or S3Options::checksums = \"off\")";
       st = Status(st.code(), msg);
     }
   }

@@ -6,7 +6,12 @@
 // stalls; a read never mixes two versions of an object.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <random>
 #include <string>
@@ -469,6 +474,60 @@ TEST_F(S3MotoFaulty, AServerThatRefusesTheChecksumHeaderNamesTheSwitch) {
   EXPECT_TRUE((*s)->put("k", std::as_bytes(std::span(body))).ok());
   EXPECT_EQ(count("rule.0.injected"), 1);
   EXPECT_EQ(count("op.PutObject"), 2);
+}
+
+// The same against a server that checks bodies itself: Ceph refuses a
+// signed payload whose SHA-256 does not match (XAmzContentSHA256Mismatch;
+// payloads are signed over http by default). This test starts a fault proxy
+// of its own in front of the run's Ceph and flips one byte of one part.
+TEST(S3CephBodyDamage, RefusedByTheServerAndSentAgain) {
+  CKPTIO_REQUIRE_S3_SERVER(ceph);
+  namespace fs = std::filesystem;
+  const fs::path state = fs::temp_directory_path() / ("ckptio-ceph-proxy-" + std::to_string(::getpid()));
+  const std::string proxy = std::string(CKPTIO_SOURCE_DIR) + "/tests/s3/fault-proxy";
+  const std::string start = proxy + " start '" + ceph.env_path + "' '" + state.string() + "' > '" +
+                            state.string() + ".log' 2>&1";
+  ASSERT_EQ(std::system(start.c_str()), 0) << "fault-proxy start failed: see " << state << ".log";
+  struct Stop {
+    std::string cmd;
+    ~Stop() { (void)std::system(cmd.c_str()); }
+  } stop{proxy + " stop '" + state.string() + "' > /dev/null 2>&1"};
+
+  testutil::S3TestServer srv = ceph;  // the same server, reached through the proxy
+  std::ifstream env(state / "server.env");
+  for (std::string line; std::getline(env, line);) {
+    if (line.rfind("endpoint=", 0) == 0) srv.endpoint = line.substr(9);
+    if (line.rfind("control=", 0) == 0) srv.control = line.substr(8);
+  }
+  ASSERT_FALSE(srv.control.empty()) << "no control= in " << (state / "server.env");
+  std::string resp;
+  ASSERT_TRUE(testutil::s3_fault_set_rules(srv, "fault=corrupt op=UploadPart path='[?&]partNumber=2(&|$)' count=1",
+                                           &resp))
+      << resp;
+  s3::S3Config config = testutil::s3_test_config(srv);
+  ASSERT_TRUE(config.sign_payloads);
+  auto store = testutil::open_s3_test_store(&config);
+  ASSERT_TRUE(store.ok()) << store.status().to_string();
+
+  auto big = random_bytes(3 * kS3TestPart + 1000, 22);
+  const int32_t n = 3;
+  const std::vector<LeafView> leaves = {
+      LeafView::full("model", "params.w", DType::kUInt8, {static_cast<int64_t>(big.size())}, big.data()),
+      LeafView::full("tx", "opt_state.count", DType::kInt32, {}, &n)};
+  ManagerOptions mo;
+  mo.chunk_size = kS3TestPart;
+  CheckpointManager m(*store, mo);
+  auto h = m.save(1, leaves);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  Status st = h->wait();
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(testutil::s3_fault_count(srv, "faults.corrupt"), 1);
+  EXPECT_EQ(testutil::s3_fault_count(srv, "status.400"), 1) << "Ceph refused the damaged part";
+  EXPECT_GE((*store)->s3_stats().retries, 1u);
+  auto r = m.restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->leaves[0].data.size(), big.size());
+  EXPECT_EQ(std::memcmp(r->leaves[0].data.data(), big.data(), big.size()), 0);
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 // retried on its own; a save that runs out of attempts fails naming the key,
 // the HTTP status and the S3 code, aborts its multipart upload and leaves the
 // previous step intact; reads recover from truncated bodies, resets and
-// stalls; a read never mixes two versions of an object.
+// stalls; a read never mixes two versions of an object; a body damaged on
+// the way is refused by its checksum and sent again (also against Ceph's own
+// check, through a proxy the test starts in front of it).
 #include <gtest/gtest.h>
 
 #include <unistd.h>

@@ -490,10 +490,17 @@ TEST(S3CephBodyDamage, RefusedByTheServerAndSentAgain) {
   const std::string start = proxy + " start '" + ceph.env_path + "' '" + state.string() + "' > '" +
                             state.string() + ".log' 2>&1";
   ASSERT_EQ(std::system(start.c_str()), 0) << "fault-proxy start failed: see " << state << ".log";
-  struct Stop {
+  struct Stop {  // the proxy stopped; its state and log kept only if the test failed
     std::string cmd;
-    ~Stop() { (void)std::system(cmd.c_str()); }
-  } stop{proxy + " stop '" + state.string() + "' > /dev/null 2>&1"};
+    fs::path state;
+    ~Stop() {
+      (void)std::system(cmd.c_str());
+      if (::testing::Test::HasFailure()) return;
+      std::error_code ec;
+      fs::remove_all(state, ec);
+      fs::remove(state.string() + ".log", ec);
+    }
+  } stop{proxy + " stop '" + state.string() + "' > /dev/null 2>&1", state};
 
   testutil::S3TestServer srv = ceph;  // the same server, reached through the proxy
   std::ifstream env(state / "server.env");

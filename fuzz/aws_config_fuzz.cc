@@ -10,7 +10,7 @@
 //                "credentials" in it ($HOME/.aws/config, AWS_CONFIG_FILE)
 //   credentials  the text returned for a path containing "credentials"
 //   overrides    key=value lines for S3ConfigOverrides: profile, endpoint,
-//                region, anonymous, path_style, sign_payloads, access_key_id,
+//                region, anonymous, path_style, sign_payloads, checksums, access_key_id,
 //                secret_access_key, session_token, part_size, max_connections,
 //                max_attempts
 // A missing config or credentials block is a missing file.
@@ -138,6 +138,7 @@ s3::S3ConfigOverrides overrides_of(const std::map<std::string, std::string>& m) 
   if (auto v = get("anonymous")) o.anonymous = boolean(*v);
   if (auto v = get("path_style")) o.path_style = boolean(*v);
   if (auto v = get("sign_payloads")) o.sign_payloads = boolean(*v);
+  if (auto v = get("checksums")) o.checksums = boolean(*v);
   if (get("access_key_id") || get("secret_access_key"))
     o.creds = s3::Credentials{get("access_key_id").value_or(""), get("secret_access_key").value_or(""),
                               get("session_token").value_or("")};

@@ -597,6 +597,24 @@ TEST(S3Config, PayloadSigning) {
   EXPECT_FALSE(f.resolve().ok());
 }
 
+TEST(S3Config, UploadChecksums) {
+  EXPECT_TRUE(Fakes().resolve()->checksums);  // on, as in the AWS SDKs
+  Fakes f;
+  f.env = {{"HOME", "/h"}, {"AWS_REQUEST_CHECKSUM_CALCULATION", "WHEN_REQUIRED"}};
+  EXPECT_FALSE(f.resolve()->checksums);
+  f.env["AWS_REQUEST_CHECKSUM_CALCULATION"] = "when_supported";
+  EXPECT_TRUE(f.resolve()->checksums);
+  f.env["AWS_REQUEST_CHECKSUM_CALCULATION"] = "never";
+  EXPECT_FALSE(f.resolve().ok());
+  f.env.erase("AWS_REQUEST_CHECKSUM_CALCULATION");
+  f.files["/h/.aws/config"] = "[default]\nrequest_checksum_calculation = when_required\n";
+  EXPECT_FALSE(f.resolve()->checksums);
+  S3ConfigOverrides o;
+  o.checksums = true;  // the caller's setting wins
+  EXPECT_TRUE(f.resolve(o)->checksums);
+  EXPECT_NE(f.resolve()->describe_redacted().find("checksums=off"), std::string::npos);
+}
+
 TEST(S3Config, EmptyVariablesAreUnset) {
   Fakes f;
   f.env = {{"AWS_REGION", ""}, {"AWS_ACCESS_KEY_ID", ""}, {"AWS_ENDPOINT_URL", ""}, {"AWS_PROFILE", ""}};

@@ -7,6 +7,7 @@
 #include <pugixml.hpp>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/s3/s3_xml.h"
@@ -616,21 +617,25 @@ TEST(S3XmlDelete, QuietVersionedAndRejections) {
 // ---- Builders -----------------------------------------------------------------------------
 
 TEST(S3XmlBuild, CompleteMultipartRoundTrip) {
-  const std::vector<std::pair<int, std::string>> parts = {
-      {3, "\"acbd18db4cc2f85cedef654fccc4a4d8\""},
-      {1, "\"a54357aff0632cce46d942af68356b38\""},
-      {2, "\"0c78aef83f66abc1fa1e8477f296d394\""},
-      {4, "odd<&>'\"etag"}};
+  const std::vector<CompletedPart> parts = {
+      {3, "\"acbd18db4cc2f85cedef654fccc4a4d8\"", "4waSgw=="},
+      {1, "\"a54357aff0632cce46d942af68356b38\"", "AAAAAA=="},
+      {2, "\"0c78aef83f66abc1fa1e8477f296d394\"", ""},
+      {4, "odd<&>'\"etag", "+/8="}};
   const std::string body = build_complete_multipart(parts);
   pugi::xml_document doc;
   ASSERT_TRUE(doc.load_string(body.c_str()));
   const pugi::xml_node root = doc.document_element();
   EXPECT_STREQ(root.name(), "CompleteMultipartUpload");
   EXPECT_STREQ(root.attribute("xmlns").value(), "http://s3.amazonaws.com/doc/2006-03-01/");
-  std::vector<std::pair<int, std::string>> back;
-  for (pugi::xml_node p : root.children("Part"))
-    back.emplace_back(p.child("PartNumber").text().as_int(), p.child_value("ETag"));
-  const std::vector<std::pair<int, std::string>> sorted = {parts[1], parts[2], parts[0], parts[3]};
+  std::vector<std::tuple<int, std::string, std::string>> back;
+  for (pugi::xml_node p : root.children("Part")) {
+    back.emplace_back(p.child("PartNumber").text().as_int(), p.child_value("ETag"), p.child_value("ChecksumCRC32C"));
+    // No empty <ChecksumCRC32C/> for a part sent without one.
+    EXPECT_EQ(!p.child("ChecksumCRC32C").empty(), !std::get<2>(back.back()).empty());
+  }
+  std::vector<std::tuple<int, std::string, std::string>> sorted;
+  for (size_t i : {1, 2, 0, 3}) sorted.emplace_back(parts[i].number, parts[i].etag, parts[i].checksum_crc32c);
   EXPECT_EQ(back, sorted);
   EXPECT_EQ(build_complete_multipart({}),
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<CompleteMultipartUpload "

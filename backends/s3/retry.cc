@@ -72,6 +72,10 @@ bool permanent_code(std::string_view code) {
 
 }  // namespace
 
+bool body_mismatch(std::string_view s3_code) {
+  return s3_code == "BadDigest" || s3_code == "XAmzContentSHA256Mismatch";
+}
+
 bool retryable_http(long status, std::string_view s3_code) {
   if (one_of(s3_code, kRetryableCodes)) return true;
   if (permanent_code(s3_code)) return false;

@@ -5,8 +5,10 @@
 // A retryable failure is one where repeating the same request unchanged may
 // succeed: server overload (503 SlowDown), server-side transients (500
 // InternalError), dropped or stalled connections. Everything else is
-// permanent: authentication, missing keys, failed preconditions, a body the
-// server says is damaged (BadDigest) — retrying those only delays the error.
+// permanent: authentication, missing keys, failed preconditions — retrying
+// those only delays the error. One exception, bounded: a body the server
+// received damaged (BadDigest) is sent again from memory a few times
+// (body_mismatch).
 //
 // Pure functions; no state, safe from any thread.
 #pragma once
@@ -34,9 +36,25 @@ struct RetryPolicy {
 //   ConditionalRequestConflict (both 409 "try again" conflicts).
 //   Never retryable, whatever the status: authentication and permission codes,
 //   NoSuchKey / NoSuchBucket / NoSuchUpload, PreconditionFailed, checksum
-//   mismatches (BadDigest, InvalidDigest, XAmzContentSHA256Mismatch) and
-//   RequestTimeTooSkewed (our clock is off; the same clock fails again).
+//   mismatches (BadDigest, InvalidDigest, XAmzContentSHA256Mismatch; but see
+//   body_mismatch) and RequestTimeTooSkewed (our clock is off; the same clock
+//   fails again).
 bool retryable_http(long status, std::string_view s3_code);
+
+// True for the S3 codes that say the body that arrived is not the body that
+// was sent: BadDigest (a Content-MD5 or x-amz-checksum-* mismatch) and
+// XAmzContentSHA256Mismatch (a signed payload's SHA-256). The bytes were
+// damaged on the way (a proxy, a NIC, plain http), and the same bytes sent
+// again may arrive intact: the client resends such a request until it has
+// made kBodyMismatchAttempts attempts that met one (and never more than its
+// max_attempts), then fails with kDataLoss. Not InvalidDigest: a malformed
+// header fails again.
+bool body_mismatch(std::string_view s3_code);
+
+// Past this many damaged arrivals of one request's body the damage is not a
+// transient but steady (a buffer changed while it was sent, a middlebox that
+// rewrites bodies): more tries only delay the error.
+inline constexpr int kBodyMismatchAttempts = 3;
 
 // True for libcurl results (CURLcode values) that mean the connection or the
 // transfer failed in a way a fresh attempt may not: could not resolve (DNS in

@@ -3,9 +3,12 @@
 #include <curl/curl.h>
 #include <spdlog/spdlog.h>
 
+#include <cctype>
 #include <future>
 #include <random>
+#include <string_view>
 
+#include "backends/s3/checksum.h"
 #include "backends/s3/credentials.h"
 #include "backends/s3/retry.h"
 #include "backends/s3/s3_xml.h"
@@ -38,6 +41,7 @@ struct S3Client::Attempt {
   int resends = 0;  // by libcurl itself, over all attempts (HttpResponse::resends)
   std::string signed_region;  // of the attempt in flight
   bool redirected = false;    // sent again for the bucket's region once already
+  int damaged = 0;            // attempts whose body the server found damaged (body_mismatch)
 };
 
 S3Client::S3Client(S3Config config, std::string bucket)
@@ -92,6 +96,20 @@ bool creates_object(const S3Op& op) {
   return false;
 }
 
+// PutObject and UploadPart: the requests whose body becomes object bytes.
+bool uploads_body(const S3Op& op) { return op.method == "PUT" && !op.key.empty(); }
+
+bool has_header(const S3Op& op, std::string_view lower_name) {
+  for (const auto& [k, v] : op.headers) {
+    if (k.size() != lower_name.size()) continue;
+    bool same = true;
+    for (size_t i = 0; i < k.size() && same; ++i)
+      same = std::tolower(static_cast<unsigned char>(k[i])) == lower_name[i];
+    if (same) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 void S3Client::execute(S3Op op, S3Done done) {
@@ -101,6 +119,12 @@ void S3Client::execute(S3Op op, S3Done done) {
       op.headers.emplace_back("x-amz-server-side-encryption-aws-kms-key-id", config_.sse_kms_key_id);
     if (!config_.storage_class.empty()) op.headers.emplace_back("x-amz-storage-class", config_.storage_class);
   }
+  // The body's CRC-32C, so that a server that checks it refuses a body
+  // damaged on the way (signed: every op header is). Once per request, not
+  // per attempt; the multipart writer sets its parts' itself (it lists them
+  // again in CompleteMultipartUpload).
+  if (config_.checksums && uploads_body(op) && !has_header(op, kChecksumHeader))
+    op.headers.emplace_back(kChecksumHeader, crc32c_base64(op.body));
   auto a = std::make_shared<Attempt>();
   a->payload_hash = op.sign_payload ? sha256_hex(op.body) : "UNSIGNED-PAYLOAD";
   a->op = std::move(op);
@@ -218,6 +242,23 @@ void S3Client::on_response(std::shared_ptr<Attempt> a, HttpResponse resp) {
     }
     st = Status(code_for_http(resp.status, s3code), msg);
     if (retryable_http(resp.status, s3code)) st = Status(Code::kUnavailable, msg);
+    if (body_mismatch(s3code)) {
+      // The body arrived damaged: sent again from memory, a bounded number of
+      // times (retry.h); then kDataLoss, saying what that means.
+      if (++a->damaged < kBodyMismatchAttempts && a->attempts < config_.retry.max_attempts) {
+        st = Status(Code::kUnavailable, msg);
+      } else {
+        st = Status(st.code(), msg + " (the server received a body other than the one sent, " +
+                                   std::to_string(a->damaged) +
+                                   " times: damaged on the way each time, or changed in memory while it was sent)");
+      }
+    } else if (has_header(a->op, kChecksumHeader) && (resp.status == 400 || resp.status == 501) &&
+               (s3code == "InvalidRequest" || s3code == "InvalidArgument" || s3code == "NotImplemented")) {
+      // A server that does not know the checksum header may refuse it.
+      msg += " (if this server refuses x-amz-checksum-crc32c, turn upload checksums off: "
+             "AWS_REQUEST_CHECKSUM_CALCULATION=when_required, --s3-checksums off, or S3Options::checksums = \"off\")";
+      st = Status(st.code(), msg);
+    }
   }
   if (!st.ok() && st.retryable() && a->attempts < config_.retry.max_attempts) {
     ++retries_;

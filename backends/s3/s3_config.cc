@@ -70,7 +70,7 @@ Result<bool> resolve_endpoint(const S3ConfigOverrides& o, const ConfigSources& s
   return endpoint.has_value();
 }
 
-// Addressing style and payload signing.
+// Addressing style, payload signing and upload checksums.
 Status resolve_addressing(const S3ConfigOverrides& o, const ConfigSources& src, bool endpoint_given,
                           S3Config& c) {
   const std::string& profile_source = src.profile_source;
@@ -93,6 +93,25 @@ Status resolve_addressing(const S3ConfigOverrides& o, const ConfigSources& src, 
     c.sign_payloads = b == "true";
   } else {
     c.sign_payloads = c.endpoint.rfind("http://", 0) == 0;
+  }
+
+  // Upload checksums: the SDKs' setting and values ("when_required" sends
+  // none, since no request of ours requires one).
+  if (o.checksums) {
+    c.checksums = *o.checksums;
+  } else {
+    std::optional<std::string> v = src.env("AWS_REQUEST_CHECKSUM_CALCULATION");
+    std::string source = "AWS_REQUEST_CHECKSUM_CALCULATION";
+    if (!v) {
+      v = src.from_profile("request_checksum_calculation");
+      source = profile_source + " request_checksum_calculation";
+    }
+    if (v) {
+      const std::string w = lowercase(trim(*v));
+      if (w != "when_supported" && w != "when_required")
+        return invalid_argument(source + " must be when_supported or when_required");
+      c.checksums = w == "when_supported";
+    }
   }
   return Status::OK();
 }
@@ -197,6 +216,7 @@ std::string S3Config::describe_redacted() const {
   s += " region=" + region;
   s += path_style ? " addressing=path" : " addressing=virtual";
   s += sign_payloads ? " payloads=signed" : " payloads=unsigned";
+  s += checksums ? " checksums=crc32c" : " checksums=off";
   if (anonymous) {
     s += " credentials=anonymous";
   } else {

@@ -82,6 +82,12 @@ struct S3Config {
   // the hash is the only integrity check the server makes, false over https,
   // where TLS already protects the bytes and hashing 16 MiB parts costs CPU.
   bool sign_payloads = true;
+  // Send x-amz-checksum-crc32c with every PutObject and UploadPart (declared on
+  // CreateMultipartUpload, listed in CompleteMultipartUpload), as the AWS SDKs
+  // do by default: a server that checks it refuses a body damaged on the way,
+  // and the client sends it again. Off for a server that refuses the headers
+  // (AWS_REQUEST_CHECKSUM_CALCULATION=when_required, as for the SDKs).
+  bool checksums = true;
   uint32_t max_connections = 32;
   uint64_t part_size = 16 << 20;  // multipart part size, in [5 MiB, 5 GiB], a multiple of 4096
   RetryPolicy retry;
@@ -121,6 +127,7 @@ struct S3ConfigOverrides {
   std::optional<bool> anonymous;
   std::optional<bool> path_style;
   std::optional<bool> sign_payloads;
+  std::optional<bool> checksums;
   std::optional<uint32_t> max_connections;
   std::optional<uint64_t> part_size;
   std::optional<RetryPolicy> retry;
@@ -194,6 +201,9 @@ using ReadFile = std::function<std::optional<std::string>(const std::string& pat
 //              endpoint)
 //   sign_payloads  override; profile "s3.payload_signing_enabled" (true | false);
 //              else true for http:// endpoints, false for https://
+//   checksums  override; AWS_REQUEST_CHECKSUM_CALCULATION; profile
+//              "request_checksum_calculation" (when_supported: true, the
+//              default | when_required: false; any case), as the AWS SDKs
 //   retry.max_attempts  AWS_MAX_ATTEMPTS, profile "max_attempts", if not overridden
 // The profile is the override, else AWS_PROFILE, else "default"; the files are
 // AWS_SHARED_CREDENTIALS_FILE / AWS_CONFIG_FILE, else $HOME/.aws/credentials

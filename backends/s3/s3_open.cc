@@ -42,6 +42,11 @@ Result<S3ConfigOverrides> overrides(const S3Options& o) {
       return invalid_argument("S3 payload signing must be 'on' or 'off', got '" + o.payload_signing + "'");
     ov.sign_payloads = o.payload_signing == "on";
   }
+  if (!o.checksums.empty()) {
+    if (o.checksums != "on" && o.checksums != "off")
+      return invalid_argument("S3 checksums must be 'on' or 'off', got '" + o.checksums + "'");
+    ov.checksums = o.checksums == "on";
+  }
   if (!o.sse.empty()) ov.sse = o.sse;
   if (!o.sse_kms_key_id.empty()) ov.sse_kms_key_id = o.sse_kms_key_id;
   if (!o.storage_class.empty()) ov.storage_class = o.storage_class;

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 
+#include "backends/s3/checksum.h"
 #include "backends/s3/s3_storage_internal.h"
 #include "backends/s3/s3_xml.h"
 
@@ -70,7 +71,10 @@ class S3Writer : public WritableObject {
       op.query = {{"partNumber", std::to_string(pn)}, {"uploadId", upload_id_}};
       op.body = data.subspan(i * part_, len);
       op.sign_payload = c_.config().sign_payloads;
-      c_.execute(std::move(op), [this, range, pn, len](Status st, HttpResponse r) {
+      // The part's checksum, listed again in CompleteMultipartUpload.
+      std::string crc = c_.config().checksums ? crc32c_base64(op.body) : std::string();
+      if (!crc.empty()) op.headers.emplace_back(kChecksumHeader, crc);
+      c_.execute(std::move(op), [this, range, pn, len, crc](Status st, HttpResponse r) {
         const std::string* etag = r.header("etag");
         if (st.ok() && !etag) st = io_error(c_.describe(key_) + ": UploadPart returned no ETag");
         bool last = false;
@@ -83,7 +87,7 @@ class S3Writer : public WritableObject {
         }
         {
           std::lock_guard lock(mu_);
-          if (st.ok()) parts_[pn] = {*etag, len};
+          if (st.ok()) parts_[pn] = {*etag, len, crc};
           else if (first_.ok()) first_ = st;
         }
         if (last) cb(range->first);
@@ -129,15 +133,15 @@ class S3Writer : public WritableObject {
     }
     // The parts must cover [0, final_size) exactly.
     const uint64_t n = (final_size + part_ - 1) / part_;
-    std::vector<std::pair<int, std::string>> list;
+    std::vector<CompletedPart> list;
     {
       std::lock_guard lock(mu_);
       if (parts_.size() != n || parts_.begin()->first != 1 || parts_.rbegin()->first != n ||
-          (n - 1) * part_ + parts_.rbegin()->second.second != final_size) {
+          (n - 1) * part_ + parts_.rbegin()->second.size != final_size) {
         st = internal_error(c_.describe(key_) + ": parts written do not cover " +
                             std::to_string(final_size) + " bytes");
       }
-      for (const auto& [pn, p] : parts_) list.emplace_back(static_cast<int>(pn), p.first);
+      for (const auto& [pn, p] : parts_) list.push_back({static_cast<int>(pn), p.etag, p.crc32c});
     }
     if (!st.ok()) {
       abort_upload();
@@ -305,7 +309,12 @@ class S3Writer : public WritableObject {
   std::condition_variable cv_;
   uint64_t outstanding_ = 0;
   Status first_;
-  std::map<uint64_t, std::pair<std::string, uint64_t>> parts_;  // number -> etag, size
+  struct Part {
+    std::string etag;
+    uint64_t size = 0;
+    std::string crc32c;  // as sent (x-amz-checksum-crc32c); "" with checksums off
+  };
+  std::map<uint64_t, Part> parts_;  // by part number
   bool single_done_ = false;
   std::vector<std::byte> single_;  // the one range of a single-part object
   bool single_sent_ = false;       // that range was PUT by write_async()
@@ -331,6 +340,8 @@ Result<std::unique_ptr<WritableObject>> S3StorageImpl::start_object(const std::s
     op.method = "POST";
     op.key = full(key);
     op.query = {{"uploads", ""}};
+    // Each part then carries its CRC-32C, and CompleteMultipartUpload lists them.
+    if (client_.config().checksums) op.headers.emplace_back("x-amz-checksum-algorithm", "CRC32C");
     auto [st, resp] = client_.execute_sync(std::move(op));
     if (!st.ok()) return st.annotate("CreateMultipartUpload");
     auto id = parse_initiate_multipart(resp.body);

@@ -481,20 +481,26 @@ Result<DeleteResult> parse_delete_objects(std::string_view body) {
   return out;
 }
 
-std::string build_complete_multipart(const std::vector<std::pair<int, std::string>>& parts) {
-  std::vector<std::pair<int, std::string>> sorted = parts;
+std::string build_complete_multipart(const std::vector<CompletedPart>& parts) {
+  std::vector<CompletedPart> sorted = parts;
   std::stable_sort(sorted.begin(), sorted.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
+                   [](const auto& a, const auto& b) { return a.number < b.number; });
   std::string out = R"(<?xml version="1.0" encoding="UTF-8"?>)";
   out += "\n<CompleteMultipartUpload xmlns=\"";
   out += kS3Namespace;
   out += "\">";
-  for (const auto& [number, etag] : sorted) {
+  for (const CompletedPart& p : sorted) {
     out += "<Part><PartNumber>";
-    out += std::to_string(number);
+    out += std::to_string(p.number);
     out += "</PartNumber><ETag>";
-    append_escaped(out, etag);
-    out += "</ETag></Part>";
+    append_escaped(out, p.etag);
+    out += "</ETag>";
+    if (!p.checksum_crc32c.empty()) {
+      out += "<ChecksumCRC32C>";
+      append_escaped(out, p.checksum_crc32c);
+      out += "</ChecksumCRC32C>";
+    }
+    out += "</Part>";
   }
   out += "</CompleteMultipartUpload>";
   return out;

@@ -139,10 +139,17 @@ struct DeleteResult {
 // only the failures.
 Result<DeleteResult> parse_delete_objects(std::string_view body);
 
-// The CompleteMultipartUpload request body. `parts` are (part number, ETag as
-// returned by UploadPart, quotes included); they are emitted sorted by part
-// number, as S3 requires. Text is XML-escaped.
-std::string build_complete_multipart(const std::vector<std::pair<int, std::string>>& parts);
+struct CompletedPart {
+  int number = 0;
+  std::string etag;             // as UploadPart returned it, quotes included
+  std::string checksum_crc32c;  // x-amz-checksum-crc32c as sent with the part; "" for none
+};
+
+// The CompleteMultipartUpload request body. Parts are emitted sorted by part
+// number, as S3 requires, each with its <ChecksumCRC32C> when it has one (S3
+// requires them for an upload created with x-amz-checksum-algorithm). Text is
+// XML-escaped.
+std::string build_complete_multipart(const std::vector<CompletedPart>& parts);
 
 // The DeleteObjects request body. Precondition: keys.size() <= kMaxDeleteKeys
 // (S3 rejects larger requests with MalformedXML; callers batch). Keys are

@@ -32,6 +32,12 @@ struct S3Options {
   // parts; "": botocore's rule (on over http, off over https, where TLS
   // protects the bytes). Restore checks every shard's crc32c either way.
   std::string payload_signing;
+  // "on": every PutObject and UploadPart carries x-amz-checksum-crc32c of its
+  // body, so a server that checks it refuses a body damaged on the way (and
+  // the client sends it again); "off": none, for a server that refuses the
+  // header; "": AWS_REQUEST_CHECKSUM_CALCULATION or the profile's
+  // request_checksum_calculation (when_supported | when_required), else on.
+  std::string checksums;
   // Written with every object created: server-side encryption ("AES256",
   // "aws:kms", "aws:kms:dsse"), its KMS key, and the storage class ("" for
   // the bucket's defaults). See docs/s3.md.

@@ -13,18 +13,23 @@ proxy run by this script); then each fault kind through the control API:
 503 SlowDown and 500 InternalError with S3 XML bodies, a 500 after the
 upstream did the work, skip/count, truncation, resets (before and midway
 through a body), a graceful close, a stall, a slow close, a 200 with an
-<Error> for CompleteMultipartUpload, latency, a bandwidth cap, seeded
+<Error> for CompleteMultipartUpload, latency, a bandwidth cap, the range
+modifier, a body damaged on the way and checked as S3 checks it, seeded
 probabilities, faults per connection (per=connection within=N), bad rules (400), the stats; and transparency again after a
 reset. Exit 1 on any failure, 77 (skip) when the server is not installed
 (1 when CI=true).
 """
 import argparse
+import base64
 import hashlib
+import importlib.machinery
+import importlib.util
 import http.client
 import json
 import os
 import re
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -38,6 +43,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.dont_write_bytecode = True  # keep the source tree clean
 sys.path.insert(0, HERE)
 import s3lib  # noqa: E402
+
+# The proxy's own crc32c, checked against the standard check value below.
+_loader = importlib.machinery.SourceFileLoader("fault_proxy", os.path.join(HERE, "fault-proxy"))
+fault_proxy = importlib.util.module_from_spec(importlib.util.spec_from_loader("fault_proxy", _loader))
+_loader.exec_module(fault_proxy)
 
 PROXY = os.path.join(HERE, "fault-proxy")
 CHECKS = []
@@ -483,6 +493,38 @@ def faults(p, prefix):
     r = p.req("GET", key, headers={"Range": "bytes=100-109"})
     check(r.status == 200 and r.body == data, f"range dropped: HTTP {r.status}, {len(r.body)} bytes")
     ok("range: a ranged GET forwarded with another Range (206 of other bytes), or none (200)")
+
+    # a body damaged on the way (corrupt), then checked as S3 checks it (checksum)
+    kc = prefix + "checked.bin"
+    body = os.urandom(3000)
+    crc = base64.b64encode(struct.pack(">I", fault_proxy.crc32c(body))).decode()
+    check(fault_proxy.crc32c(b"123456789") == 0xE3069283, "crc32c check value")
+    p.rules(["fault=checksum op=PutObject", "fault=corrupt op=PutObject count=1 body_bytes=7"])
+    hdr = {"x-amz-checksum-crc32c": crc}
+    r = p.req("PUT", kc, body=body, headers=hdr, payload_hash=s3lib.UNSIGNED_PAYLOAD)
+    check(r.status == 400 and xml_text(r.body, "Code") == "BadDigest",
+          f"damaged body: HTTP {r.status} {r.body[:200]!r}")
+    check(p.req("HEAD", kc).status == 404, "a refused body reached the server")
+    r = p.req("PUT", kc, body=body, headers=hdr, payload_hash=s3lib.UNSIGNED_PAYLOAD)
+    check(r.status == 200, f"intact body: HTTP {r.status} {r.body[:200]!r}")
+    r = p.req("PUT", kc, body=body, headers={"x-amz-checksum-crc32c": "AAAAAA=="},
+              payload_hash=s3lib.UNSIGNED_PAYLOAD)
+    check(r.status == 400 and xml_text(r.body, "Code") == "BadDigest", f"wrong crc32c: HTTP {r.status}")
+    r = p.req("PUT", kc, body=body, headers={"x-amz-checksum-crc32c": "zz"}, payload_hash=s3lib.UNSIGNED_PAYLOAD)
+    check(r.status == 400 and xml_text(r.body, "Code") == "InvalidRequest", f"malformed crc32c: HTTP {r.status}")
+    r = p.req("PUT", kc, body=body, headers={"Content-MD5": base64.b64encode(hashlib.md5(b"x").digest()).decode()})
+    check(r.status == 400 and xml_text(r.body, "Code") == "BadDigest", f"wrong Content-MD5: HTTP {r.status}")
+    r = p.req("PUT", kc, body=body, payload_hash=hashlib.sha256(b"x").hexdigest())
+    check(r.status == 400 and xml_text(r.body, "Code") == "XAmzContentSHA256Mismatch",
+          f"wrong signed payload hash: HTTP {r.status}")
+    st = p.stats()
+    check(st["checksums"].get("refused") == 5 and st["checksums"].get("crc32c") == 4,
+          f"checksum counters: {st['checksums']}")
+    r = p.req("GET", kc)
+    check(r.status == 200 and r.body == body, f"stored body: HTTP {r.status}")
+    p.rules([])
+    ok("corrupt + checksum: a damaged body refused (BadDigest) and not forwarded; crc32c, "
+       "Content-MD5 and signed payload hashes checked")
 
     # a seeded probability repeats itself
     patterns = []

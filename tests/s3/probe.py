@@ -10,6 +10,12 @@
       8 parallel curl PUTs, then GETs, of 64 MiB objects; prints MB/s.
   probe.py --env A/server.env --latency
       ms per 3 KB GET on one keep-alive connection and on new connections.
+  probe.py --env A/server.env [--env B/server.env ...] --checksums
+      which upload integrity headers the server checks: x-amz-checksum-crc32c
+      on PutObject and UploadPart (the algorithm declared on
+      CreateMultipartUpload, the parts' <ChecksumCRC32C> in Complete),
+      Content-MD5 and a signed x-amz-content-sha256, each right and wrong
+      (stdlib only; docs/s3.md, "Upload checksums").
 
 Servers are started with tests/s3/s3-server. Everything here uses path-style
 URLs (http://127.0.0.1:PORT/BUCKET/KEY), as the C++ backend does.
@@ -588,6 +594,103 @@ def latency(env_path, n=20, size=3000):
           f"connection, {out['new connection']:.1f} ms each on a new connection")
 
 
+def checksums(env_path):
+    """Sends each integrity header right and wrong; prints what the server
+    answered and whether a wrong one was stored anyway."""
+    import struct
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+        table.append(c)
+
+    def crc(data):
+        c = 0xFFFFFFFF
+        for b in data:
+            c = table[(c ^ b) & 0xFF] ^ (c >> 8)
+        return base64.b64encode(struct.pack(">I", c ^ 0xFFFFFFFF)).decode()
+
+    def md5(data):
+        return base64.b64encode(hashlib.md5(data).digest()).decode()
+
+    env = s3lib.read_env(env_path)
+    b = env["bucket"]
+    pfx = f"/{b}/probe-checksums-{uuid.uuid4().hex[:8]}/"
+    body, other = os.urandom(1000), os.urandom(1000)
+    part1 = os.urandom(5 * MiB)
+    unsigned = s3lib.UNSIGNED_PAYLOAD
+    print(f"{env.get('kind', '?')} at {env['endpoint']}:")
+
+    def show(what, r, key=None):
+        code = xml_texts(r.body, "Code") if r.status >= 300 and r.body.startswith(b"<") else []
+        stored = ""
+        if key is not None and r.status == 200:
+            stored = " (stored)"
+        elif key is not None:
+            stored = " (stored anyway)" if s3lib.request(env, "HEAD", pfx + key).status == 200 else " (not stored)"
+        print(f"  {what:58s} {r.status} {code[0] if code else ''}{stored}")
+
+    def put(what, key, headers, payload_hash=unsigned):
+        show(what, s3lib.request(env, "PUT", pfx + key, headers=headers, body=body,
+                                 payload_hash=payload_hash), key)
+
+    put("PutObject, no header", "a", {})
+    put("PutObject, x-amz-checksum-crc32c right", "b", {"x-amz-checksum-crc32c": crc(body)})
+    put("PutObject, x-amz-checksum-crc32c wrong", "c", {"x-amz-checksum-crc32c": crc(other)})
+    put("PutObject, x-amz-checksum-crc32c malformed", "d", {"x-amz-checksum-crc32c": "zz"})
+    put("PutObject, Content-MD5 right", "e", {"Content-MD5": md5(body)})
+    put("PutObject, Content-MD5 wrong", "f", {"Content-MD5": md5(other)})
+    put("PutObject, signed x-amz-content-sha256 right", "g", {}, hashlib.sha256(body).hexdigest())
+    put("PutObject, signed x-amz-content-sha256 wrong", "h", {}, hashlib.sha256(other).hexdigest())
+
+    def upload(key, parts, complete_checksums):
+        r = s3lib.request(env, "POST", pfx + key, query={"uploads": ""},
+                          headers={"x-amz-checksum-algorithm": "CRC32C"})
+        ids = xml_texts(r.body, "UploadId") if r.status == 200 else []
+        if not ids:
+            show("CreateMultipartUpload, x-amz-checksum-algorithm: CRC32C", r)
+            return None, None
+        uid, etags = ids[0], []
+        uploads.append((key, uid))  # aborted at the end, completed or not
+        for n, (data, hdrs, what) in enumerate(parts, 1):
+            r = s3lib.request(env, "PUT", pfx + key, query={"partNumber": str(n), "uploadId": uid},
+                              headers=hdrs, body=data, payload_hash=unsigned)
+            if what:
+                show(what, r)
+            etags.append(r.header("ETag"))
+        xml = "<CompleteMultipartUpload>" + "".join(
+            f"<Part><PartNumber>{n}</PartNumber><ETag>{e}</ETag>"
+            + (f"<ChecksumCRC32C>{c}</ChecksumCRC32C>" if c else "") + "</Part>"
+            for n, (e, c) in enumerate(zip(etags, complete_checksums), 1)) + "</CompleteMultipartUpload>"
+        r = s3lib.request(env, "POST", pfx + key, query={"uploadId": uid}, body=xml.encode())
+        return uid, r
+
+    uploads = []
+    ok1 = (part1, {"x-amz-checksum-crc32c": crc(part1)}, "")
+    uid, r = upload("m1", [ok1, (body, {"x-amz-checksum-crc32c": crc(other)},
+                                 "UploadPart, x-amz-checksum-crc32c wrong")], [None, None])
+    uid, r = upload("m2", [ok1, (body, {"Content-MD5": md5(other)}, "UploadPart, Content-MD5 wrong")],
+                    [None, None])
+    uid, r = upload("m3", [ok1, (body, {"x-amz-checksum-crc32c": crc(body)},
+                                 "UploadPart, x-amz-checksum-crc32c right")], [crc(part1), crc(body)])
+    if r is not None:
+        show("CompleteMultipartUpload, right <ChecksumCRC32C> per part", r)
+        got = s3lib.request(env, "GET", pfx + "m3")
+        print(f"  {'  the object read back':58s} {'intact' if got.body == part1 + body else 'DIFFERENT'}")
+    uid, r = upload("m4", [ok1, (body, {"x-amz-checksum-crc32c": crc(body)}, "")], [crc(other), crc(other)])
+    if r is not None:
+        show("CompleteMultipartUpload, wrong <ChecksumCRC32C> per part", r)
+    uid, r = upload("m5", [ok1, (body, {"x-amz-checksum-crc32c": crc(body)}, "")], [None, None])
+    if r is not None:
+        show("CompleteMultipartUpload, no <ChecksumCRC32C>", r)
+    for key in "abcdefgh":
+        s3lib.request(env, "DELETE", pfx + key)
+    for key, uid in uploads:
+        s3lib.request(env, "DELETE", pfx + key, query={"uploadId": uid})
+        s3lib.request(env, "DELETE", pfx + key)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--env", action="append", required=True, help="STATE_DIR/server.env (repeatable)")
@@ -598,6 +701,8 @@ def main():
     ap.add_argument("--bench-n", type=int, default=8)
     ap.add_argument("--latency", action="store_true",
                     help="ms per small GET, on one keep-alive connection and on new connections")
+    ap.add_argument("--checksums", action="store_true",
+                    help="which upload integrity headers the server checks (stdlib)")
     a = ap.parse_args()
     if a.quick:
         for p in a.env:
@@ -608,6 +713,9 @@ def main():
     elif a.latency:
         for p in a.env:
             latency(p)
+    elif a.checksums:
+        for p in a.env:
+            checksums(p)
     else:
         try:
             import boto3  # noqa: F401

@@ -73,6 +73,7 @@ struct GlobalOptions {
   bool s3_anonymous = false;
   int s3_max_attempts = 0;
   double s3_timeout_s = 0;
+  std::string s3_checksums;  // "on" | "off" | "" (the AWS conventions)
   std::string s3_sse, s3_sse_kms_key_id, s3_storage_class;
 };
 

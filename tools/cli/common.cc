@@ -252,6 +252,7 @@ StorageOptions storage_options(const GlobalOptions& g) {
   s3.anonymous = g.s3_anonymous;
   s3.max_attempts = g.s3_max_attempts;
   s3.timeout_s = g.s3_timeout_s;
+  s3.checksums = g.s3_checksums;
   s3.sse = g.s3_sse;
   s3.sse_kms_key_id = g.s3_sse_kms_key_id;
   s3.storage_class = g.s3_storage_class;

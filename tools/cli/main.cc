@@ -113,6 +113,12 @@ int main(int argc, char** argv) {
                  "SECONDS a transfer may stall before it fails (default 60)")
       ->check(positive())
       ->group(s3);
+  app.add_option("--s3-checksums", g.s3_checksums,
+                 "on: send x-amz-checksum-crc32c with every upload, so the server refuses a body "
+                 "damaged on the way; off: for a server that refuses the header (default: on, or "
+                 "AWS_REQUEST_CHECKSUM_CALCULATION)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->group(s3);
   app.add_option("--s3-sse", g.s3_sse,
                  "Server-side encryption of every object written: AES256, aws:kms or aws:kms:dsse "
                  "(default: the bucket's)")

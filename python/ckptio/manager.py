@@ -319,7 +319,7 @@ class CheckpointManager:
       direct_io, read_mode, request_size, queue_depth   local disk (ckptio/local.h)
       s3_endpoint, s3_region, s3_profile, s3_part_size, s3_max_connections,
       s3_addressing, s3_anonymous, s3_max_attempts, s3_timeout, s3_payload_signing,
-      s3_sse, s3_sse_kms_key_id, s3_storage_class, s3_access_key_id,
+      s3_checksums, s3_sse, s3_sse_kms_key_id, s3_storage_class, s3_access_key_id,
       s3_secret_access_key, s3_session_token
                                 S3 (ckptio/s3.h); unset ones follow the AWS conventions
                                 (AWS_* variables, ~/.aws), as the CLI does.
@@ -330,7 +330,7 @@ class CheckpointManager:
                  on_commit=None, processes=None, direct_io=None, read_mode=None, request_size=None,
                  queue_depth=None, s3_endpoint=None, s3_region=None, s3_profile=None, s3_part_size=None,
                  s3_max_connections=None, s3_addressing=None, s3_anonymous=None, s3_max_attempts=None,
-                 s3_timeout=None, s3_payload_signing=None, s3_sse=None, s3_sse_kms_key_id=None,
+                 s3_timeout=None, s3_payload_signing=None, s3_checksums=None, s3_sse=None, s3_sse_kms_key_id=None,
                  s3_storage_class=None, s3_access_key_id=None, s3_secret_access_key=None,
                  s3_session_token=None, barrier=None, layout="ckptio"):
         if staging not in ("copy", "borrow"):
@@ -366,7 +366,8 @@ class CheckpointManager:
                            ("part_size", s3_part_size), ("max_connections", s3_max_connections),
                            ("addressing", s3_addressing), ("anonymous", s3_anonymous),
                            ("max_attempts", s3_max_attempts), ("timeout_s", s3_timeout),
-                           ("payload_signing", s3_payload_signing), ("sse", s3_sse),
+                           ("payload_signing", s3_payload_signing), ("checksums", s3_checksums),
+                           ("sse", s3_sse),
                            ("sse_kms_key_id", s3_sse_kms_key_id), ("storage_class", s3_storage_class),
                            ("access_key_id", s3_access_key_id), ("secret_access_key", s3_secret_access_key),
                            ("session_token", s3_session_token)):

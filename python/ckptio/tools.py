@@ -18,7 +18,8 @@ _LOCAL_KEYS = ("direct_io", "read_mode", "request_size", "queue_depth")
 _S3_KEYS = {"s3_endpoint": "endpoint", "s3_region": "region", "s3_profile": "profile",
             "s3_part_size": "part_size", "s3_max_connections": "max_connections",
             "s3_addressing": "addressing", "s3_anonymous": "anonymous", "s3_max_attempts": "max_attempts",
-            "s3_timeout": "timeout_s", "s3_payload_signing": "payload_signing", "s3_sse": "sse",
+            "s3_timeout": "timeout_s", "s3_payload_signing": "payload_signing", "s3_checksums": "checksums",
+            "s3_sse": "sse",
             "s3_sse_kms_key_id": "sse_kms_key_id", "s3_storage_class": "storage_class",
             "s3_access_key_id": "access_key_id", "s3_secret_access_key": "secret_access_key",
             "s3_session_token": "session_token"}

@@ -123,6 +123,7 @@ StorageOptions storage_options(py::dict local_d, py::dict s3_d) {
   take(s3_d, "retry_cap_s", s3.retry_cap_s);
   take(s3_d, "timeout_s", s3.timeout_s);
   take(s3_d, "payload_signing", s3.payload_signing);
+  take(s3_d, "checksums", s3.checksums);
   take(s3_d, "sse", s3.sse);
   take(s3_d, "sse_kms_key_id", s3.sse_kms_key_id);
   take(s3_d, "storage_class", s3.storage_class);

@@ -63,3 +63,16 @@ print(json.dumps({"local": local, "s3": loaded()}))
     for name in ("ckptio_s3_backend.so", "libcurl.so.4", "libpugixml.so.1"):
         assert not any(n.startswith(name) for n in seen["local"]), (name, seen["local"])
         assert any(n.startswith(name) for n in seen["s3"]), (name, seen["s3"])
+
+
+def test_s3_checksums_reach_the_backend(s3_uri_and_options):
+    """s3_checksums is S3Options::checksums: "off" saves without the header, a value
+    other than "on" / "off" is refused by the backend with its message."""
+    uri, opts = s3_uri_and_options
+    with np.testing.assert_raises(ckptio.InvalidArgument) as e:
+        ckptio.CheckpointManager(uri, s3_checksums="maybe", **opts)
+    assert "checksums must be 'on' or 'off'" in str(e.exception)
+    for setting in ("off", "on"):
+        with ckptio.CheckpointManager(uri, s3_checksums=setting, **opts) as mgr:
+            mgr.save(1, {"w": np.arange(100.0)}, overwrite=True).wait()
+            assert mgr.restore()["w"][7] == 7.0

@@ -222,6 +222,7 @@ void check_config(const s3::S3Config& c) {
     fail("signed configuration without a full key pair", c.credentials_source);
   }
   if (c.part_size < (5ull << 20) || c.part_size > (5ull << 30)) fail("part size out of range", "");
+  if (c.part_size % 4096 != 0) fail("part size not a multiple of 4096 accepted", "");  // write ranges assume it
   if (c.max_connections == 0) fail("zero max_connections", "");
   if (c.retry.max_attempts < 1) fail("max_attempts < 1", "");
   if (!(std::isfinite(c.connect_timeout_s) && c.connect_timeout_s > 0) ||

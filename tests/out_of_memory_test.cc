@@ -135,6 +135,39 @@ TEST_F(OutOfMemory, ASaveWithoutAnyStagingBufferFailsAndTheLatestStaysAsItWas) {
   expect_restored(*r, first);
 }
 
+// The eformer layout's save (its chunk buffers, zstd's output, the writer's
+// threads) under the same cap: kResourceExhausted from save() or from the
+// save's handle, never the end of the process, and no step committed.
+TEST_F(OutOfMemory, AnEformerLayoutSaveFailsWithResourceExhausted) {
+  const auto first = std::vector<OwnedLeaf>{make_leaf("model", "w", DType::kFloat32, {1024}, 9)};
+  for (const StagingMode staging : {StagingMode::kCopy, StagingMode::kBorrow}) {
+    SCOPED_TRACE(staging == StagingMode::kCopy ? "copy" : "borrow");
+    fs::remove_all(dir_);
+    const int code = in_child([&] {
+      ManagerOptions o;
+      o.layout = "eformer";
+      o.staging = staging;
+      auto m = open(o);
+      if (!m || !m->save(1, views(first)).value().wait().ok()) return 1;
+      // 64 MiB: above glibc's largest mmap threshold (32 MiB), so never from
+      // memory the heap already holds.
+      const auto s = std::vector<OwnedLeaf>{make_leaf("model", "w", DType::kFloat32, {16 * kMiB}, 10)};
+      if (!cap_address_space(4 * kMiB)) return 2;
+      auto h = m->save(2, views(s));
+      const Status st = h.ok() ? h->wait() : h.status();
+      if (st.code() != Code::kResourceExhausted) {
+        std::fprintf(stderr, "save: %s\n", st.to_string().c_str());
+        return 3;
+      }
+      return 0;
+    });
+    ASSERT_EQ(code, 0) << "the child's failed check (128 + n: signal n)";
+    auto m = open({});
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->all_steps().value(), std::vector<int64_t>{1});
+  }
+}
+
 // A restore whose memory the system refuses returns kResourceExhausted: not
 // an exception out of the API (std::bad_alloc escaped restore() before),
 // and not damage, so restore-latest does not fall back to an older step.
@@ -146,7 +179,9 @@ TEST_F(OutOfMemory, ARestoreItCannotHoldFailsWithoutFallingBackToAnOlderStep) {
     auto m = open({});
     if (!m) return 1;
     const auto small = std::vector<OwnedLeaf>{make_leaf("model", "w", DType::kFloat32, {1024}, 7)};
-    const auto big = std::vector<OwnedLeaf>{make_leaf("model", "w", DType::kFloat32, {16 * kMiB}, 8)};  // 64 MiB
+    // 64 MiB: above glibc's largest mmap threshold (32 MiB), so never from
+    // memory the heap already holds.
+    const auto big = std::vector<OwnedLeaf>{make_leaf("model", "w", DType::kFloat32, {16 * kMiB}, 8)};
     if (!m->save(1, views(small)).value().wait().ok()) return 2;
     if (!m->save(2, views(big)).value().wait().ok()) return 3;
     if (!m->restore(1).ok()) return 4;  // the restore path's threads and arenas

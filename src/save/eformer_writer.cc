@@ -3,6 +3,7 @@
 #include "src/save/eformer_writer_impl.h"
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -11,9 +12,11 @@
 #include <cstring>
 #include <ctime>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <new>
 #include <set>
 #include <thread>
 #include <utility>
@@ -135,7 +138,21 @@ std::string python_isoformat_local(int64_t unix_ns) {
 
 // ---- Buffers ------------------------------------------------------------------
 
-Buffer EformerStepWriter::Impl::take_buffer(uint64_t chunk_bytes, uint64_t size) {
+namespace {
+
+// kAlign-aligned bytes, or kResourceExhausted: these threads must not end
+// the process when the system refuses memory (docs/reliability.md).
+Result<Buffer> allocate(uint64_t n, const char* what) {
+  try {
+    return Buffer::allocate(n, kAlign);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(std::string(what) + " of " + std::to_string(n) + " bytes");
+  }
+}
+
+}  // namespace
+
+Result<Buffer> EformerStepWriter::Impl::take_buffer(uint64_t chunk_bytes, uint64_t size) {
   const uint64_t cls = buffer_class(chunk_bytes);
   Buffer b;
   if (size <= cls) {
@@ -147,7 +164,9 @@ Buffer EformerStepWriter::Impl::take_buffer(uint64_t chunk_bytes, uint64_t size)
       free_buffers.erase(it);
     }
   }
-  if (b.size() == 0) b = Buffer::allocate(std::max(cls, round_up(size, kAlign)), kAlign);
+  if (b.size() == 0) {
+    CKPTIO_ASSIGN_OR_RETURN(b, allocate(std::max(cls, round_up(size, kAlign)), "a chunk buffer"));
+  }
   std::memset(b.data() + size, 0, round_up(std::max<uint64_t>(size, 1), kAlign) - size);
   return b;
 }
@@ -170,11 +189,26 @@ void EformerStepWriter::Impl::give_back_locked(Buffer b) {
 
 // ---- Threads ------------------------------------------------------------------
 
-void EformerStepWriter::Impl::start_threads() {
+// A process at its thread or memory limit may refuse some: the writer goes
+// on with those it got, one of each kind at least.
+Status EformerStepWriter::Impl::start_threads() {
   const unsigned enc = options.threads ? options.threads : std::max(1u, std::thread::hardware_concurrency());
   const unsigned io = options.io_threads ? options.io_threads : kDefaultIoThreads;
-  for (unsigned i = 0; i < enc; ++i) threads.emplace_back([this] { encoder_loop(); });
-  for (unsigned i = 0; i < io; ++i) threads.emplace_back([this] { io_loop(); });
+  auto start = [&](unsigned n, void (Impl::*loop)()) {
+    unsigned got = 0;
+    try {
+      threads.reserve(threads.size() + n);
+      for (; got < n; ++got) threads.emplace_back([this, loop] { (this->*loop)(); });
+    } catch (const std::exception&) {  // std::system_error (EAGAIN), std::bad_alloc
+    }
+    if (got < n && got > 0) spdlog::warn("ckptio: the eformer writer got {} of {} threads", got, n);
+    return got;
+  };
+  if (start(enc, &Impl::encoder_loop) == 0 || start(io, &Impl::io_loop) == 0) {
+    stop_threads();
+    return Status(Code::kResourceExhausted, "eformer writer: the system refused a thread");
+  }
+  return Status::OK();
 }
 
 void EformerStepWriter::Impl::stop_threads() {
@@ -238,7 +272,7 @@ Result<EformerStepWriter::Impl::Encoded> EformerStepWriter::Impl::encode(ChunkEn
   if (options.compressor.id == CodecId::kNone && job.raw.size()) return Encoded{job.raw, job.bytes, job.raw.size()};
   CKPTIO_ASSIGN_OR_RETURN(const size_t bound, encoded_bound(options.compressor, job.bytes));
   Encoded e;
-  e.data = take_buffer(job.bytes, bound);
+  CKPTIO_ASSIGN_OR_RETURN(e.data, take_buffer(job.bytes, bound));
   CKPTIO_ASSIGN_OR_RETURN(e.size, encoder.encode_into(options.compressor, job.input(), {e.data.data(), e.data.size()}));
   std::memset(e.data.data() + e.size, 0, round_up(std::max<uint64_t>(e.size, 1), kAlign) - e.size);
   e.held = e.data.size();
@@ -273,7 +307,7 @@ Status EformerStepWriter::Impl::write_object(const std::string& key, const Buffe
   const uint64_t len = round_up(size, std::max<uint64_t>(obj->alignment(), 1));
   Buffer src = data;
   if (len > src.size()) {  // an alignment above kAlign: pad a copy
-    src = Buffer::allocate(len, kAlign);
+    CKPTIO_ASSIGN_OR_RETURN(src, allocate(len, "a padded copy of a chunk"));
     std::memset(src.data(), 0, len);
     std::memcpy(src.data(), data.data(), size);
   }
@@ -341,7 +375,7 @@ Result<std::unique_ptr<EformerStepWriter>> EformerStepWriter::start(Storage& sto
     CKPTIO_RETURN_IF_ERROR(storage.remove_prefix(final_dir + "/"));
   }
   auto impl = std::make_unique<Impl>(storage, std::move(paths), step, std::move(options), std::move(extra));
-  impl->start_threads();
+  CKPTIO_RETURN_IF_ERROR(impl->start_threads());
   return std::unique_ptr<EformerStepWriter>(new EformerStepWriter(std::move(impl)));
 }
 
@@ -440,8 +474,12 @@ Status EformerStepWriter::write_chunks(size_t id, const Box& box, std::span<cons
     if (borrow && s.options.compressor.id != CodecId::kNone) job.borrowed = contiguous_chunk(z, box, bytes, idx);
     Status copied;
     if (job.borrowed.empty()) {
-      job.raw = s.take_buffer(z.chunk_bytes, z.chunk_bytes);
-      copied = copy_chunk(z, box, bytes, idx, job.raw.data());
+      Result<Buffer> raw = s.take_buffer(z.chunk_bytes, z.chunk_bytes);
+      copied = raw.status();
+      if (raw.ok()) {
+        job.raw = std::move(raw).value();
+        copied = copy_chunk(z, box, bytes, idx, job.raw.data());
+      }
     }
     std::lock_guard lock(s.mu);
     if (!copied.ok()) {

@@ -126,11 +126,11 @@ struct EformerStepWriter::Impl {
   // An aligned buffer for `size` bytes of a chunk of `chunk_bytes` (raw or
   // encoded; zeros from `size` to the next multiple of the alignment), from
   // the pool when one of its size class is there.
-  Buffer take_buffer(uint64_t chunk_bytes, uint64_t size);
+  Result<Buffer> take_buffer(uint64_t chunk_bytes, uint64_t size);
   // `b` back to the pool (mu held), unless the pool would hold too much.
   void give_back_locked(Buffer b);
 
-  void start_threads();
+  Status start_threads();  // kResourceExhausted when no thread of a kind can be had
   void stop_threads();
   void encoder_loop();
   Result<Encoded> encode(ChunkEncoder& encoder, const EncodeJob& job);

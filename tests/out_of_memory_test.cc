@@ -9,14 +9,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ckptio/ckptio.h"
@@ -166,6 +169,48 @@ TEST_F(OutOfMemory, AnEformerLayoutSaveFailsWithResourceExhausted) {
     ASSERT_TRUE(m);
     EXPECT_EQ(m->all_steps().value(), std::vector<int64_t>{1});
   }
+}
+
+// Opening a manager when the system refuses its threads' stacks (an
+// in-memory store: no threads of its own): the crew goes on with fewer
+// copiers; without a worker, open() returns kResourceExhausted, and with a
+// worker but no reaper the worker is stopped before the exception leaves
+// the constructor. (std::system_error escaped open(), or a half-made
+// manager ended the process, before.)
+TEST_F(OutOfMemory, OpeningAManagerWithoutThreadsFailsWithResourceExhausted) {
+  const int code = in_child([&] {
+    // glibc hands the stacks of ended threads out again: these hold every
+    // stack it may have kept (40 MiB) until the end.
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::vector<std::thread> holders;
+    for (int i = 0; i < 8; ++i)
+      holders.emplace_back([&] {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return done; });
+      });
+    auto release = [&](int code) {
+      {
+        std::lock_guard lock(mu);
+        done = true;
+      }
+      cv.notify_all();
+      for (std::thread& t : holders) t.join();
+      return code;
+    };
+    if (!cap_address_space(2 * kMiB)) return release(2);  // a thread's stack is 8 MiB
+    ManagerOptions o;
+    o.max_to_keep = 2;  // a reaper thread too
+    auto m = CheckpointManager::open("mem://oom", o);
+    if (m.ok()) return release(3);
+    if (m.status().code() != Code::kResourceExhausted) {
+      std::fprintf(stderr, "open: %s\n", m.status().to_string().c_str());
+      return release(4);
+    }
+    return release(0);
+  });
+  ASSERT_EQ(code, 0) << "the child's failed check (128 + n: signal n)";
 }
 
 // A restore whose memory the system refuses returns kResourceExhausted: not

@@ -161,7 +161,7 @@ Status read_through_ring(std::span<const ReadRequest> requests, const std::vecto
         if (scratch_free.empty()) {
           auto* mem = static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, scratch_size));
           if (!mem) {
-            first = Status(Code::kInternal, "read: cannot allocate a scratch buffer");
+            first = out_of_memory("read: a scratch buffer of " + std::to_string(scratch_size) + " bytes");
             break;
           }
           scratch_owned.emplace_back(mem);

@@ -424,6 +424,9 @@ class CheckpointManager {
   static Result<std::unique_ptr<CheckpointManager>> open(const std::string& uri,
                                                          ManagerOptions options = {},
                                                          const StorageOptions& storage = {});
+  // Throws std::system_error when the system refuses its worker thread (a
+  // process at its thread or memory limit); open() returns that as
+  // kResourceExhausted.
   CheckpointManager(std::shared_ptr<Storage> storage, ManagerOptions options);
   ~CheckpointManager();  // waits for every save
   // A manager belongs to the process that made it: its threads (and its

@@ -17,7 +17,9 @@
 #include <bit>
 #include <chrono>
 #include <mutex>
+#include <new>
 #include <numeric>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -38,7 +40,13 @@ Result<std::unique_ptr<CheckpointManager>> CheckpointManager::open(const std::st
   CKPTIO_ASSIGN_OR_RETURN(auto backend, open_storage(uri, storage));
   auto naming = StepNaming::make(options.step_format);
   if (!naming.ok()) return naming.status();
-  return std::make_unique<CheckpointManager>(std::move(backend), std::move(options));
+  try {
+    return std::make_unique<CheckpointManager>(std::move(backend), std::move(options));
+  } catch (const std::system_error& e) {  // its worker thread (a process at its thread or memory limit)
+    return Status(Code::kResourceExhausted, "open a checkpoint manager of " + uri + ": " + e.what());
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("open a checkpoint manager of " + uri);
+  }
 }
 
 CheckpointManager::CheckpointManager(std::shared_ptr<Storage> storage, ManagerOptions options)
@@ -72,10 +80,21 @@ CheckpointManager::CheckpointManager(std::shared_ptr<Storage> storage, ManagerOp
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const bool copies = options_.staging == StagingMode::kCopy;
   impl_->crew = std::make_unique<Crew>(copies ? std::min(cores, 4u) - 1 : 0);
-  // Retention is the committer's job: process 0 of a group.
-  if (options_.processes.index == 0 && (options_.max_to_keep > 0 || options_.keep_every > 0))
-    impl_->reaper = std::thread([this] { impl_->reap_loop(); });
   impl_->worker = std::thread([this] { impl_->worker_loop(); });
+  // Retention is the committer's job: process 0 of a group.
+  if (options_.processes.index == 0 && (options_.max_to_keep > 0 || options_.keep_every > 0)) {
+    try {
+      impl_->reaper = std::thread([this] { impl_->reap_loop(); });
+    } catch (...) {  // (std::system_error) the worker stops before the exception leaves
+      {
+        std::lock_guard lock(impl_->mu);
+        impl_->stopping = true;
+      }
+      impl_->cv.notify_all();
+      impl_->worker.join();
+      throw;
+    }
+  }
   made_by_pid_ = static_cast<int>(::getpid());
 }
 

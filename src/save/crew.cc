@@ -1,9 +1,15 @@
 #include "src/save/crew.h"
 
+#include <system_error>
+
 namespace ckptio {
 
 Crew::Crew(unsigned helpers) {
-  for (unsigned i = 0; i < helpers; ++i) threads_.emplace_back([this] { loop(); });
+  try {
+    threads_.reserve(helpers);
+    for (unsigned i = 0; i < helpers; ++i) threads_.emplace_back([this] { loop(); });
+  } catch (const std::system_error&) {  // a process at its thread or memory limit: fewer helpers
+  }
 }
 
 Crew::~Crew() {

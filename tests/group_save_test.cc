@@ -282,6 +282,32 @@ TEST_P(GroupSaveTest, AProcessThatFailsToWriteFailsTheStepFast) {
   expect_step(4, state);
 }
 
+// A save() refused on one process only (its state is invalid there) still
+// counts as that process's save of the step: the attempt ids of the step's
+// next save agree on every process, so a retry commits. Counting only the
+// saves that passed the checks left process 1 one attempt behind, and every
+// later save of the step timed out.
+TEST_P(GroupSaveTest, ASaveRefusedOnOneProcessDoesNotPutItsAttemptsOutOfStep) {
+  const auto state = global_state(11);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  Managers ms = managers(options_for(2, /*timeout=*/1.0));
+  std::vector<LeafView> bad = states[1].leaves;
+  ASSERT_FALSE(bad[0].shards.empty());
+  bad[0].shards[0].data = nullptr;
+  Status out0;
+  std::thread coordinator([&] {
+    auto h = ms[0]->save(9, states[0].leaves, {.metadata_json = R"({"by":"group"})"});
+    out0 = h.ok() ? h->wait() : h.status();
+  });
+  auto refused = ms[1]->save(9, bad, {.metadata_json = R"({"by":"group"})"});
+  coordinator.join();
+  EXPECT_EQ(refused.status().code(), Code::kInvalidArgument) << refused.status().to_string();
+  EXPECT_EQ(out0.code(), Code::kUnavailable) << out0.to_string();  // process 1 never wrote
+  for (const Status& st : save_all(9, states, ms)) EXPECT_TRUE(st.ok()) << st.to_string();
+  expect_step(9, state);
+}
+
 // The coordinator's index PUT stores the index but its answer is lost, and
 // the index cannot be read back: nobody knows whether the step committed.
 // On an object store (the PUT is the commit) the step did commit, so no

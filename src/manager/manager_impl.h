@@ -99,7 +99,7 @@ struct CheckpointManager::Impl {
     Impl* impl_;
     int64_t step_;
   };
-  std::map<int64_t, uint64_t> group_saves;  // multi-process saves begun, per step
+  std::map<int64_t, uint64_t> group_saves;  // multi-process save() calls, per step
 
   // ---- Save (src/save/submit.cc, src/save/pipeline.cc) ----
   // save() after check_process(): takes a slot, queues the job and, in copy
@@ -107,9 +107,11 @@ struct CheckpointManager::Impl {
   Result<SaveHandle> submit(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options,
                             std::chrono::steady_clock::time_point called);
   // The job of one save, planned: attempt names, float cast, row bands, the
-  // data files' layout and write ranges.
+  // data files' layout and write ranges. `group_save`: a multi-process save's
+  // count of this step's earlier save() calls (submit numbers them).
   Result<std::shared_ptr<SaveJob>> make_job(int64_t step, std::vector<LeafView>&& state,
-                                            const SaveOptions& options, const std::string& final_dir);
+                                            const SaveOptions& options, const std::string& final_dir,
+                                            uint64_t group_save);
   void worker_loop();
   void reap_loop();  // removes what retention after a commit retired
   void run_job(SaveJob& job);

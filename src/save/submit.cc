@@ -81,7 +81,17 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
                                                    const SaveOptions& options,
                                                    std::chrono::steady_clock::time_point t0) {
   const int64_t created = unix_ns_now();
-  CKPTIO_RETURN_IF_ERROR(check_save(step, state, options, owner->options().processes));
+  // A multi-process save's attempt is numbered before anything below may
+  // refuse it: every process counts every save() of a step, so that one
+  // refused on some process only (an invalid state there) leaves the next
+  // save of the step with the same attempt id on every process.
+  const ProcessGroup& group = owner->options().processes;
+  uint64_t n = 0;
+  if (group.count > 1) {
+    std::lock_guard lock(mu);
+    n = group_saves[step]++;
+  }
+  CKPTIO_RETURN_IF_ERROR(check_save(step, state, options, group));
   // The worker runs on_commit and on_retention: a save from there would wait
   // for a slot (or, in copy mode, for pool buffers) that only the worker frees.
   if (std::this_thread::get_id() == worker.get_id())
@@ -115,7 +125,7 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
   Result<std::shared_ptr<SaveJob>> planned = internal_error("unplanned");
   try {  // (the plan's vectors, float_dtype's cast copies, the eformer layout's copies)
     planned = eformer ? make_eformer_job(step, std::move(state), options, final_dir)
-                      : make_job(step, std::move(state), options, final_dir);
+                      : make_job(step, std::move(state), options, final_dir, n);
   } catch (const std::bad_alloc&) {
     planned = out_of_memory("planning the save of step " + std::to_string(step));
   }
@@ -162,7 +172,8 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
 
 Result<std::shared_ptr<SaveJob>> CheckpointManager::Impl::make_job(int64_t step, std::vector<LeafView>&& state,
                                                                    const SaveOptions& options,
-                                                                   const std::string& final_dir) {
+                                                                   const std::string& final_dir,
+                                                                   uint64_t group_save) {
   Storage& storage = owner->storage();
   const ProcessGroup& group = owner->options().processes;
   const bool multi = group.count > 1;
@@ -170,12 +181,7 @@ Result<std::shared_ptr<SaveJob>> CheckpointManager::Impl::make_job(int64_t step,
                      owner->made_by_pid_);
   if (multi) {
     // Every process names this attempt alike (see src/save/group_commit.cc).
-    uint64_t n = 0;
-    {
-      std::lock_guard lock(mu);
-      n = group_saves[step]++;
-    }
-    job->paths = plan_attempt(storage, final_dir, group_attempt_id(group.run_id, step, n));
+    job->paths = plan_attempt(storage, final_dir, group_attempt_id(group.run_id, step, group_save));
     job->group = true;
   } else {
     job->paths = plan_attempt(storage, final_dir);

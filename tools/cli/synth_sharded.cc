@@ -284,6 +284,13 @@ Json check_process(const GlobalOptions& g, const Sharding& s, const ShardedCheck
   target.mesh = s.mesh;
   target.rules = s.rules;
   target.devices = devices_of(s.mesh, p, s.processes);
+  // More processes than devices: this one owns none, so it restores nothing
+  // (an empty Sharding::devices would mean every device of the mesh).
+  if (target.devices.empty())
+    return Json{{"bytes_needed", 0}, {"bytes_read", 0}, {"requests", 0}, {"pieces_unverified", 0},
+                {"bytes_unverified", 0}, {"bytes_checked", 0}, {"restore_seconds", 0.0},
+                {"ready_monotonic_s", std::chrono::duration<double>(Clock::now().time_since_epoch()).count()},
+                {"leaves", 0}};
   target.uneven = Uneven::kPad;
   ro.sharding = target;
   if (!a.coalesce_gap.empty()) ro.coalesce_gap = size_arg(a.coalesce_gap, "--coalesce-gap");

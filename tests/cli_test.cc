@@ -145,6 +145,21 @@ TEST_F(CliTest, LeafCountsAndSizesAtTheEdges) {
   }
 }
 
+// A SIZE with a decimal fraction is exact: "16.777216MB" is 16 MiB, not one
+// byte less (the fraction was summed in floating point), so it passes as
+// --s3-part-size, a multiple of 4096. The synth metadata records the SIZE
+// --bytes gave.
+TEST_F(CliTest, FractionalSizesAreExact) {
+  int step = 1;
+  for (auto [text, want] : {std::pair{"2.097152MB", 2097152u}, std::pair{"1.000001MB", 1000001u},
+                            std::pair{"0.029KB", 29u}, std::pair{"1.5KiB", 1536u}}) {
+    synth_save(step, text, 2);
+    json in = run_json({"inspect", dir_, "--step", std::to_string(step), "--json"});
+    EXPECT_EQ(in["metadata"]["synth"]["bytes"], want) << text;
+    ++step;
+  }
+}
+
 TEST_F(CliTest, BorrowStagingAndStepFormat) {
   synth_save(5, "3MiB", 12, {"--staging", "borrow", "--step-format", "{step}"});
   json ls = run_json({"ls", dir_, "--json", "--step-format", "{step}"});

@@ -49,12 +49,21 @@ std::optional<uint64_t> parse_size(std::string_view text) {
     if (whole > UINT64_MAX) return std::nullopt;
     digits = true;
   }
-  long double frac = 0;
+  // The fraction as the exact ratio frac / scale: in floating point,
+  // "16.777216MB" came out one byte short (16777215). Digits past the 24th
+  // are dropped: at the largest unit (2^40) they are worth < 10^-11 bytes.
+  constexpr unsigned __int128 kMaxScale = [] {
+    unsigned __int128 s = 1;
+    for (int k = 0; k < 24; ++k) s *= 10;
+    return s;
+  }();
+  unsigned __int128 frac = 0, scale = 1;
   if (i < text.size() && text[i] == '.') {
-    long double scale = 0.1L;
     for (++i; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); ++i) {
-      frac += (text[i] - '0') * scale;
-      scale /= 10;
+      if (scale < kMaxScale) {
+        frac = frac * 10 + (text[i] - '0');
+        scale *= 10;
+      }
       digits = true;
     }
   }
@@ -71,7 +80,7 @@ std::optional<uint64_t> parse_size(std::string_view text) {
   for (const auto& [name, mult] : kUnits) {
     if (unit != name) continue;
     unsigned __int128 v = whole * mult;
-    v += static_cast<uint64_t>(std::floor(frac * mult));
+    v += frac * mult / scale;  // < 10^24 * 2^40 < 2^128
     if (v > UINT64_MAX) return std::nullopt;
     return static_cast<uint64_t>(v);
   }

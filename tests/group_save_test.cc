@@ -7,6 +7,7 @@
 
 #include <barrier>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <map>
@@ -398,6 +399,14 @@ TEST(GroupSave, OptionsAreChecked) {
   EXPECT_EQ(check_process_group(g).code(), Code::kInvalidArgument);
   g.run_id = "job-17.restart_2";
   EXPECT_TRUE(check_process_group(g).ok());
+  // The polling interval is a sleep: NaN, infinity or a negative one is refused.
+  for (double poll : {std::nan(""), HUGE_VAL, -1.0, 1e300}) {
+    g.poll_seconds = poll;
+    EXPECT_EQ(check_process_group(g).code(), Code::kInvalidArgument) << poll;
+  }
+  g.poll_seconds = 0;
+  EXPECT_TRUE(check_process_group(g).ok());
+  g.poll_seconds = 0.05;
   // Same inputs, same id; any difference, another id.
   EXPECT_EQ(group_attempt_id("a", 1, 0), group_attempt_id("a", 1, 0));
   EXPECT_NE(group_attempt_id("a", 1, 0), group_attempt_id("b", 1, 0));

@@ -134,7 +134,7 @@ struct ProcessGroup {
   // How long the coordinator waits for the last manifest, and the others
   // for the outcome, before the save fails.
   double timeout_seconds = 600;
-  double poll_seconds = 0.05;  // the default barrier's listing interval
+  double poll_seconds = 0.05;  // the default barrier's listing interval, in [0, 3600]
 };
 
 struct ManagerOptions {

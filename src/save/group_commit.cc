@@ -45,6 +45,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr double kMaxPollSeconds = 3600;
+
 uint64_t fnv1a64(std::string_view s, uint64_t h = 0xcbf29ce484222325ull) {
   for (unsigned char c : s) {
     h ^= c;
@@ -132,6 +134,11 @@ Status check_process_group(const ProcessGroup& g) {
           std::string::npos)
     return invalid_argument("processes.run_id may hold letters, digits, '-', '_' and '.' (at most 256)");
   if (!(g.timeout_seconds > 0)) return invalid_argument("processes.timeout_seconds must be > 0");
+  // Each poll sleeps this long: NaN or infinity made the sleep's conversion
+  // to nanoseconds undefined (in practice a busy loop on the storage).
+  if (!(g.poll_seconds >= 0 && g.poll_seconds <= kMaxPollSeconds))
+    return invalid_argument("processes.poll_seconds must be in [0, " + std::to_string(int(kMaxPollSeconds)) +
+                            "]");
   return Status::OK();
 }
 

@@ -484,6 +484,25 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
   EXPECT_TRUE(fs::is_empty(dir_));
 }
 
+// Integers are decimal and within their type: CLI11 read them in base 0
+// ("010" was 8, "0x10" 16) and let a 64-bit one saturate ("--step
+// 99999999999999999999" saved step 9223372036854775807) or an unsigned one
+// wrap ("--seed -1"); a floating-point option took "nan" and failed later,
+// exit 1.
+TEST_F(CliTest, NumbersAreDecimalAndInRange) {
+  run({"synth", "save", dir_, "--step", "010", "--bytes", "64KiB", "--leaves", "3"});
+  json ls = run_json({"ls", dir_, "--json"});
+  ASSERT_EQ(ls.size(), 1u);
+  EXPECT_EQ(ls[0]["step"], 10) << ls.dump();
+  expect_one_error_line(run({"synth", "save", dir_, "--step", "99999999999999999999", "--bytes", "64KiB"}, 2));
+  expect_one_error_line(run({"synth", "save", dir_, "--step", "0x10", "--bytes", "64KiB"}, 2));
+  expect_one_error_line(run({"synth", "save", dir_, "--step", "2", "--bytes", "64KiB", "--seed", "-1"}, 2));
+  expect_one_error_line(run({"inspect", dir_, "--step", "9223372036854775808"}, 2));
+  expect_one_error_line(run({"gc", dir_, "--min-age", "nan"}, 2));
+  EXPECT_EQ(run_json({"inspect", dir_, "--step", "0010", "--json"})["step"], 10);
+  EXPECT_EQ(run_json({"ls", dir_, "--json"}).size(), 1u);
+}
+
 TEST_F(CliTest, MissingThingsExitThree) {
   expect_one_error_line(run({"inspect", dir_}, 3));       // no committed step
   expect_one_error_line(run({"synth", "check", dir_}, 3));

@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "tools/cli/cli.h"
@@ -118,6 +120,57 @@ CLI::Validator positive() {
         return "";
       },
       "POSITIVE");
+}
+
+namespace {
+
+// CLI11 (2.1) reads an integer with strtoll / strtoull in base 0 and does not
+// check for overflow: "--step 010" was step 8, "--keep-last 010" kept 8
+// steps, "0x10" was 16, and a number beyond 64 bits saturated
+// ("--step 99999999999999999999" saved step 9223372036854775807) or, for an
+// unsigned option, "-1" wrapped to 2^64 - 1. This transform runs before that
+// conversion: an optional sign and decimal digits, within T's range, handed
+// on without leading zeros (CLI11 still refuses what does not fit a
+// narrower option).
+template <typename T>
+CLI::Validator decimal_integer() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        std::string_view digits = v;
+        if (!digits.empty() && digits.front() == '+') digits.remove_prefix(1);
+        T n{};
+        auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+        if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size())
+          return "expected a decimal integer in [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
+                 std::to_string(std::numeric_limits<T>::max()) + "], got " + v;
+        v = std::to_string(n);
+        return "";
+      },
+      "");
+}
+
+// CLI11's NonNegativeNumber and PositiveNumber let "nan" through (no
+// comparison holds): "--min-age nan" reached the library and failed as an
+// operation (exit 1) instead of a usage error.
+CLI::Validator not_nan() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        return std::isnan(std::strtod(v.c_str(), nullptr)) ? "expected a number, got " + v : "";
+      },
+      "");
+}
+
+}  // namespace
+
+void strict_numbers(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options()) {
+    const std::string type = opt->get_type_name();
+    const std::string base = type.substr(0, type.find(':'));
+    if (base == "INT") opt->transform(decimal_integer<int64_t>());
+    else if (base == "UINT") opt->transform(decimal_integer<uint64_t>());
+    else if (base == "FLOAT") opt->transform(not_nan());
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) strict_numbers(*sub);
 }
 
 // ---- Output -----------------------------------------------------------------

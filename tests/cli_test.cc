@@ -499,6 +499,8 @@ TEST_F(CliTest, NumbersAreDecimalAndInRange) {
   expect_one_error_line(run({"synth", "save", dir_, "--step", "2", "--bytes", "64KiB", "--seed", "-1"}, 2));
   expect_one_error_line(run({"inspect", dir_, "--step", "9223372036854775808"}, 2));
   expect_one_error_line(run({"gc", dir_, "--min-age", "nan"}, 2));
+  // --keep-every without --keep-last was silently ignored (no retention runs).
+  expect_one_error_line(run({"gc", dir_, "--keep-every", "2"}, 2));
   EXPECT_EQ(run_json({"inspect", dir_, "--step", "0010", "--json"})["step"], 10);
   EXPECT_EQ(run_json({"ls", dir_, "--json"}).size(), 1u);
 }

@@ -481,6 +481,12 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
   expect_one_error_line(run({"verify", dir_, "--step", "1", "--all"}, 2));
   expect_one_error_line(run({"--chunk-size", "1.5.5", "synth", "save", dir_, "--step", "1",
                              "--bytes", "1MiB"}, 2));
+  // --keep-every without --keep-last was silently ignored (no retention runs).
+  expect_one_error_line(run({"gc", dir_, "--keep-every", "2"}, 2));
+  // Forked processes share no mem:// store: the save could only time out.
+  expect_one_error_line(run({"synth", "save", "mem://x", "--step", "1", "--bytes", "64KiB", "--leaves", "3",
+                             "--processes", "2", "--barrier-timeout", "1"},
+                            2));
   EXPECT_TRUE(fs::is_empty(dir_));
 }
 
@@ -499,8 +505,6 @@ TEST_F(CliTest, NumbersAreDecimalAndInRange) {
   expect_one_error_line(run({"synth", "save", dir_, "--step", "2", "--bytes", "64KiB", "--seed", "-1"}, 2));
   expect_one_error_line(run({"inspect", dir_, "--step", "9223372036854775808"}, 2));
   expect_one_error_line(run({"gc", dir_, "--min-age", "nan"}, 2));
-  // --keep-every without --keep-last was silently ignored (no retention runs).
-  expect_one_error_line(run({"gc", dir_, "--keep-every", "2"}, 2));
   EXPECT_EQ(run_json({"inspect", dir_, "--step", "0010", "--json"})["step"], 10);
   EXPECT_EQ(run_json({"ls", dir_, "--json"}).size(), 1u);
 }

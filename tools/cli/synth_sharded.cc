@@ -372,6 +372,11 @@ uint64_t sum_of(const std::vector<Json>& rs, const char* key) {
 int run_sharded_save(const GlobalOptions& g, const ShardingArgs& args, const ShardedSaveArgs& a) {
   Sharding s = resolve(args);
   s.barrier_timeout = args.barrier_timeout;
+  // Each forked process would have a store of its own: the coordinator could
+  // only wait for the others' manifests until --barrier-timeout.
+  if (s.processes > 1 && is_mem_uri(a.uri))
+    fail(kExitUsage, "--processes " + std::to_string(s.processes) + " needs a location the processes share (a "
+                     "directory or s3://); a mem:// store is empty in every new process");
   if (a.leaves < 1 || a.leaves > synth::kMaxLeaves)
     fail(kExitUsage, "--leaves must be in [1, " + std::to_string(synth::kMaxLeaves) + "]");
   const synth::Layout layout = synth::make_layout(a.target_bytes, a.leaves);

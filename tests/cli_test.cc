@@ -483,6 +483,8 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
                              "--bytes", "1MiB"}, 2));
   // --keep-every without --keep-last was silently ignored (no retention runs).
   expect_one_error_line(run({"gc", dir_, "--keep-every", "2"}, 2));
+  // --batch bounds a whole restore's memory; a sharded check ignored it.
+  expect_one_error_line(run({"synth", "check", dir_, "--mesh", "dp=2", "--batch", "1MiB"}, 2));
   // Forked processes share no mem:// store: the save could only time out.
   expect_one_error_line(run({"synth", "save", "mem://x", "--step", "1", "--bytes", "64KiB", "--leaves", "3",
                              "--processes", "2", "--barrier-timeout", "1"},

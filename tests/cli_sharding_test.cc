@@ -191,6 +191,11 @@ TEST_P(ShardedCli, BadRulesAndMeshesAreUsageErrors) {
   r = run({"synth", "check", uri_, "--mesh", "tp=0"}, 2);
   r = run({"synth", "check", uri_, "--mesh", "tp=2", "--rules", dir_ + "/missing.json"}, 3);
   r = run({"synth", "check", uri_, "--mesh", "tp=2", "--rules", write_file("bad.json", "[[")}, 2);
+  // Read no further than the limit: the whole of /dev/zero was read into
+  // memory first, until it ran out.
+  r = run({"synth", "check", uri_, "--mesh", "tp=2", "--rules", "/dev/zero"}, 2);
+  EXPECT_NE(r.err.find("16777217 bytes, more than the limit"), std::string::npos) << r.err;
+  r = run({"synth", "check", uri_, "--mesh", "tp=2", "--rules", dir_}, 2);  // a directory
 }
 
 INSTANTIATE_TEST_SUITE_P(Local, ShardedCli, ::testing::Values("Local"));

@@ -30,7 +30,6 @@
 #include <cstring>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "backends/fault/fault_storage.h"
 #include "tools/cli/synth.h"
@@ -62,9 +61,13 @@ Sharding resolve(const ShardingArgs& a) {
   if (!a.rules.empty()) {
     std::ifstream in(a.rules, std::ios::binary);
     if (!in) fail(kExitNotFound, "--rules: cannot read " + a.rules);
-    std::stringstream text;
-    text << in.rdbuf();
-    s.rules_text = text.str();
+    // At most one byte more than from_json takes (16 MiB): reading the whole
+    // file first let --rules /dev/zero (or a large file named by mistake)
+    // grow a string until memory ran out.
+    s.rules_text.resize((size_t{16} << 20) + 1);
+    in.read(s.rules_text.data(), static_cast<std::streamsize>(s.rules_text.size()));
+    s.rules_text.resize(static_cast<size_t>(in.gcount()));
+    if (in.bad()) fail(kExitUsage, "--rules: cannot read " + a.rules);
     auto r = PartitionRules::from_json(s.rules_text);
     if (!r.ok()) fail(kExitUsage, "--rules " + a.rules + ": " + r.status().message());
     s.rules = *r;

@@ -232,6 +232,45 @@ TEST_P(GroupSaveTest, ADoubledRegionNamesBothProcesses) {
   }
 }
 
+// Processes that disagree on a leaf's shape (or dtype) fail the step on
+// every process, naming the leaf and both shapes; nothing is committed.
+TEST_P(GroupSaveTest, ProcessesThatDisagreeOnALeafsShapeFailItNamingTheLeaf) {
+  const auto state = global_state(12);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  ASSERT_EQ(states[1].leaves[0].path, "params.w");
+  states[1].leaves[0].shape[0] *= 2;  // its boxes still lie inside
+  for (const Status& st : save_all(10, states, options_for(2))) {
+    EXPECT_EQ(st.code(), Code::kFailedPrecondition) << st.to_string();
+    EXPECT_NE(st.message().find("model/params.w: process 1 saved it as"), std::string::npos) << st.to_string();
+  }
+  CheckpointManager reader(faults_, {});
+  EXPECT_FALSE(reader.latest_step().value().has_value());
+}
+
+// Two runs (two run ids) save the same step at once: their attempts never
+// mix. One commits and restores whole; every process of the other fails
+// without waiting for its timeout.
+TEST_P(GroupSaveTest, TwoRunsSavingOneStepAtOnceCommitOneWholeStep) {
+  const auto state_a = global_state(13), state_b = global_state(14);
+  std::vector<ProcessState> a, b;
+  for (int p = 0; p < 2; ++p) a.push_back(process_state(state_a, mesh_, p, 2));
+  for (int p = 0; p < 2; ++p) b.push_back(process_state(state_b, mesh_, p, 2));
+  Managers ma = managers(options_for(2, /*timeout=*/30));
+  run_id_ += "-b";
+  Managers mb = managers(options_for(2, /*timeout=*/30));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Status> out_a, out_b;
+  std::thread run_a([&] { out_a = save_all(11, a, ma); });
+  out_b = save_all(11, b, mb);
+  run_a.join();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20);
+  const bool a_won = out_a[0].ok();
+  for (const Status& st : a_won ? out_a : out_b) EXPECT_TRUE(st.ok()) << st.to_string();
+  for (const Status& st : a_won ? out_b : out_a) EXPECT_FALSE(st.ok());
+  expect_step(11, a_won ? state_a : state_b);
+}
+
 TEST_P(GroupSaveTest, ADeadProcessLeavesTheStepUncommittedAndThePreviousIntact) {
   const auto state1 = global_state(5);
   std::vector<ProcessState> states;

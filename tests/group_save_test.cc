@@ -79,7 +79,7 @@ class GroupSaveTest : public testutil::BackendTest {
   // Runs `procs` processes saving `step`; process p saves `states[p]`
   // (or nothing, if skip[p]). Returns each process's outcome.
   // One manager per process, kept for the run as a trainer keeps it (the
-  // attempt id counts each manager's saves of a step).
+  // attempt id counts each process's saves of a step, across managers).
   using Managers = std::vector<std::shared_ptr<CheckpointManager>>;
   Managers managers(const std::vector<ManagerOptions>& options) {
     Managers m;
@@ -348,6 +348,20 @@ TEST_P(GroupSaveTest, ASaveRefusedOnOneProcessDoesNotPutItsAttemptsOutOfStep) {
   EXPECT_EQ(out0.code(), Code::kUnavailable) << out0.to_string();  // process 1 never wrote
   for (const Status& st : save_all(9, states, ms)) EXPECT_TRUE(st.ok()) << st.to_string();
   expect_step(9, state);
+}
+
+// Managers made anew in the same processes (same run id) save a step whose
+// first attempt failed: their attempt must not meet that attempt's
+// manifests and failure record.
+TEST_P(GroupSaveTest, NewManagersOfTheSameRunDoNotMeetAFailedAttemptsLeftovers) {
+  const auto state = global_state(15);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  faults_->add_rule(FaultRule{.op = FaultOp::kCreate, .key_substr = "-p1-0.bin", .code = Code::kNoSpace});
+  for (const Status& st : save_all(12, states, options_for(2))) EXPECT_FALSE(st.ok());
+  faults_->clear_rules();
+  for (const Status& st : save_all(12, states, options_for(2))) EXPECT_TRUE(st.ok()) << st.to_string();
+  expect_step(12, state);
 }
 
 // The coordinator's index PUT stores the index but its answer is lost, and

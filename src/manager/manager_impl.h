@@ -99,7 +99,6 @@ struct CheckpointManager::Impl {
     Impl* impl_;
     int64_t step_;
   };
-  std::map<int64_t, uint64_t> group_saves;  // multi-process save() calls, per step
 
   // ---- Save (src/save/submit.cc, src/save/pipeline.cc) ----
   // save() after check_process(): takes a slot, queues the job and, in copy
@@ -108,7 +107,7 @@ struct CheckpointManager::Impl {
                             std::chrono::steady_clock::time_point called);
   // The job of one save, planned: attempt names, float cast, row bands, the
   // data files' layout and write ranges. `group_save`: a multi-process save's
-  // count of this step's earlier save() calls (submit numbers them).
+  // count of this process's earlier save() calls of the step (submit.cc).
   Result<std::shared_ptr<SaveJob>> make_job(int64_t step, std::vector<LeafView>&& state,
                                             const SaveOptions& options, const std::string& final_dir,
                                             uint64_t group_save);

@@ -3,6 +3,7 @@
 // whole pipeline is described at the top of pipeline.cc).
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -44,6 +45,23 @@ Status check_save(int64_t step, const std::vector<LeafView>& state, const SaveOp
   return Status::OK();
 }
 
+// The n of group_attempt_id: this process's save() calls of `final_dir` at
+// `where` under the group's run id and index. Counted for the process, not
+// per manager: a manager made anew in the same run would otherwise name its
+// attempt like an earlier, failed one of the step, whose manifests and
+// failure record are still there; another process then took that old
+// failure for this attempt's and deleted its data file under the step the
+// coordinator went on to commit. (Never freed: at exit a save may still run.)
+uint64_t next_group_save(const std::string& where, const ProcessGroup& group, const std::string& final_dir) {
+  struct Counts {
+    std::mutex mu;
+    std::map<std::string, uint64_t> saves;
+  };
+  static Counts& counts = *new Counts;
+  std::lock_guard lock(counts.mu);
+  return counts.saves[where + '\n' + group.run_id + '\n' + std::to_string(group.index) + '\n' + final_dir]++;
+}
+
 // eformer's float_dtype: casts the job's float leaves now, into buffers the
 // job owns.
 Status cast_floats(SaveJob& job, DType to) {
@@ -81,16 +99,13 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
                                                    const SaveOptions& options,
                                                    std::chrono::steady_clock::time_point t0) {
   const int64_t created = unix_ns_now();
+  const std::string final_dir = naming.name(step);
   // A multi-process save's attempt is numbered before anything below may
   // refuse it: every process counts every save() of a step, so that one
   // refused on some process only (an invalid state there) leaves the next
   // save of the step with the same attempt id on every process.
   const ProcessGroup& group = owner->options().processes;
-  uint64_t n = 0;
-  if (group.count > 1) {
-    std::lock_guard lock(mu);
-    n = group_saves[step]++;
-  }
+  const uint64_t n = group.count > 1 ? next_group_save(owner->storage().describe(), group, final_dir) : 0;
   CKPTIO_RETURN_IF_ERROR(check_save(step, state, options, group));
   // The worker runs on_commit and on_retention: a save from there would wait
   // for a slot (or, in copy mode, for pool buffers) that only the worker frees.
@@ -110,7 +125,6 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
     cv.notify_all();
   };
 
-  const std::string final_dir = naming.name(step);
   const bool eformer = owner->options().layout == zarr::kEformerLayout;
   if (!options.overwrite && !eformer) {  // (the eformer writer refuses an existing step itself)
     Storage& storage = owner->storage();

@@ -328,12 +328,13 @@ TEST_P(GroupSaveTest, AProcessThatFailsToWriteFailsTheStepFast) {
 // counts as that process's save of the step: the attempt ids of the step's
 // next save agree on every process, so a retry commits. Counting only the
 // saves that passed the checks left process 1 one attempt behind, and every
-// later save of the step timed out.
+// later save of the step timed out. And the refusal is recorded for the
+// others, who fail at once instead of waiting for the timeout.
 TEST_P(GroupSaveTest, ASaveRefusedOnOneProcessDoesNotPutItsAttemptsOutOfStep) {
   const auto state = global_state(11);
   std::vector<ProcessState> states;
   for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
-  Managers ms = managers(options_for(2, /*timeout=*/1.0));
+  Managers ms = managers(options_for(2, /*timeout=*/5));
   std::vector<LeafView> bad = states[1].leaves;
   ASSERT_FALSE(bad[0].shards.empty());
   bad[0].shards[0].data = nullptr;
@@ -345,7 +346,10 @@ TEST_P(GroupSaveTest, ASaveRefusedOnOneProcessDoesNotPutItsAttemptsOutOfStep) {
   auto refused = ms[1]->save(9, bad, {.metadata_json = R"({"by":"group"})"});
   coordinator.join();
   EXPECT_EQ(refused.status().code(), Code::kInvalidArgument) << refused.status().to_string();
-  EXPECT_EQ(out0.code(), Code::kUnavailable) << out0.to_string();  // process 1 never wrote
+  // Process 1 recorded the refusal: the coordinator failed at once.
+  EXPECT_EQ(out0.code(), Code::kFailedPrecondition) << out0.to_string();
+  EXPECT_NE(out0.message().find("process 1 failed: InvalidArgument: save() refused it"), std::string::npos)
+      << out0.to_string();
   for (const Status& st : save_all(9, states, ms)) EXPECT_TRUE(st.ok()) << st.to_string();
   expect_step(9, state);
 }
@@ -362,6 +366,27 @@ TEST_P(GroupSaveTest, NewManagersOfTheSameRunDoNotMeetAFailedAttemptsLeftovers) 
   faults_->clear_rules();
   for (const Status& st : save_all(12, states, options_for(2))) EXPECT_TRUE(st.ok()) << st.to_string();
   expect_step(12, state);
+}
+
+// The coordinator's save() refused (an invalid state there; or the step
+// found committed, by another run meanwhile): the others learn it from the
+// failure record at once instead of waiting for the timeout.
+TEST_P(GroupSaveTest, ASaveRefusedOnTheCoordinatorFailsTheOthersAtOnce) {
+  const auto state = global_state(16);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  Managers ms = managers(options_for(2, /*timeout=*/5));
+  std::vector<LeafView> bad = states[0].leaves;
+  bad[0].shards[0].data = nullptr;
+  auto refused = ms[0]->save(13, bad, {});
+  EXPECT_EQ(refused.status().code(), Code::kInvalidArgument) << refused.status().to_string();
+  auto h1 = ms[1]->save(13, states[1].leaves, {});
+  ASSERT_TRUE(h1.ok()) << h1.status().to_string();
+  const Status out1 = h1->wait();
+  EXPECT_EQ(out1.code(), Code::kFailedPrecondition) << out1.to_string();
+  EXPECT_NE(out1.message().find("save() refused it"), std::string::npos) << out1.to_string();
+  for (const Status& st : save_all(13, states, ms)) EXPECT_TRUE(st.ok()) << st.to_string();
+  expect_step(13, state);
 }
 
 // The coordinator's index PUT stores the index but its answer is lost, and

@@ -105,6 +105,10 @@ struct CheckpointManager::Impl {
   // mode, copies the state; `called` is when save() was called.
   Result<SaveHandle> submit(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options,
                             std::chrono::steady_clock::time_point called);
+  // submit's work once a multi-process save is numbered (`n`, 0 otherwise).
+  Result<SaveHandle> submit_attempt(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options,
+                                    std::chrono::steady_clock::time_point called, const std::string& final_dir,
+                                    uint64_t n);
   // The job of one save, planned: attempt names, float cast, row bands, the
   // data files' layout and write ranges. `group_save`: a multi-process save's
   // count of this process's earlier save() calls of the step (submit.cc).

@@ -1,6 +1,8 @@
 // save() on the caller's thread: checks, an in-flight slot, the job planned
 // and queued for the worker, and in copy mode the copy into the pool (the
 // whole pipeline is described at the top of pipeline.cc).
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -98,14 +100,37 @@ std::shared_ptr<SaveJob> new_job(int64_t step, std::vector<LeafView>&& state, co
 Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<LeafView>&& state,
                                                    const SaveOptions& options,
                                                    std::chrono::steady_clock::time_point t0) {
-  const int64_t created = unix_ns_now();
   const std::string final_dir = naming.name(step);
-  // A multi-process save's attempt is numbered before anything below may
-  // refuse it: every process counts every save() of a step, so that one
-  // refused on some process only (an invalid state there) leaves the next
-  // save of the step with the same attempt id on every process.
   const ProcessGroup& group = owner->options().processes;
-  const uint64_t n = group.count > 1 ? next_group_save(owner->storage().describe(), group, final_dir) : 0;
+  if (group.count <= 1) return submit_attempt(step, std::move(state), options, t0, final_dir, 0);
+  // A multi-process save's attempt is numbered before anything may refuse
+  // it: every process counts every save() of a step, so that one refused on
+  // some process only (an invalid state there, a step committed meanwhile)
+  // leaves the next save of the step with the same attempt id everywhere.
+  const uint64_t n = next_group_save(owner->storage().describe(), group, final_dir);
+  Result<SaveHandle> h = submit_attempt(step, std::move(state), options, t0, final_dir, n);
+  if (!h.ok() && step >= 0 && !group.barrier && check_process_group(group).ok()) {
+    // The others would wait for this process's manifest (process 0's
+    // outcome) until the timeout: record the refusal where they look, so
+    // that the attempt fails at once on every process. (With a trainer's
+    // barrier they wait at it instead, as for a process that died.)
+    const AttemptPaths paths = plan_attempt(owner->storage(), final_dir, group_attempt_id(group.run_id, step, n));
+    const GroupSave g{owner->storage(), group, paths, step};
+    const Status refused = h.status().annotate("save() refused it");
+    if (group.index == 0) announce_outcome(g, refused);
+    else if (Status st = publish_manifest(g, Index{}, refused); !st.ok())
+      spdlog::warn("ckptio: could not tell the other processes that save() of step {} was refused: {}", step,
+                   st.to_string());
+  }
+  return h;
+}
+
+Result<SaveHandle> CheckpointManager::Impl::submit_attempt(int64_t step, std::vector<LeafView>&& state,
+                                                           const SaveOptions& options,
+                                                           std::chrono::steady_clock::time_point t0,
+                                                           const std::string& final_dir, uint64_t n) {
+  const int64_t created = unix_ns_now();
+  const ProcessGroup& group = owner->options().processes;
   CKPTIO_RETURN_IF_ERROR(check_save(step, state, options, group));
   // The worker runs on_commit and on_retention: a save from there would wait
   // for a slot (or, in copy mode, for pool buffers) that only the worker frees.

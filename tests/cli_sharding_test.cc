@@ -166,6 +166,21 @@ TEST_P(ShardedCli, AProcessKilledMidSaveNeverCommitsThePreviousStepRestores) {
   run({"synth", "check", uri_}, 0);
 }
 
+// More processes than devices: process p owns devices [D*p/N, D*(p+1)/N),
+// none for some. Such a process restores nothing; it used to restore every
+// device's box (an empty device list means all), so 3 processes over 2
+// devices read the state twice.
+TEST_P(ShardedCli, ProcessesWithoutDevicesRestoreNothing) {
+  run({"synth", "save", uri_, "--step", "1", "--bytes", "1MiB", "--leaves", "6", "--mesh", "dp=2", "--processes",
+       "3"},
+      0);
+  json two = check({"--mesh", "dp=2", "--processes", "2"});
+  json three = check({"--mesh", "dp=2", "--processes", "3"});
+  EXPECT_EQ(three["verified"], true) << three.dump();
+  EXPECT_EQ(three["bytes_needed"], two["bytes_needed"]) << two.dump() << "\n" << three.dump();
+  EXPECT_EQ(three["bytes_checked"], two["bytes_checked"]) << two.dump() << "\n" << three.dump();
+}
+
 TEST_P(ShardedCli, BadRulesAndMeshesAreUsageErrors) {
   run({"synth", "save", uri_, "--step", "1", "--bytes", "1MiB", "--leaves", "4"}, 0);
   const std::string nomatch = write_file("nomatch.json", R"([["attn", [null, "tp"]]])");
@@ -176,6 +191,11 @@ TEST_P(ShardedCli, BadRulesAndMeshesAreUsageErrors) {
   r = run({"synth", "check", uri_, "--mesh", "tp=0"}, 2);
   r = run({"synth", "check", uri_, "--mesh", "tp=2", "--rules", dir_ + "/missing.json"}, 3);
   r = run({"synth", "check", uri_, "--mesh", "tp=2", "--rules", write_file("bad.json", "[[")}, 2);
+  // Read no further than the limit: the whole of /dev/zero was read into
+  // memory first, until it ran out.
+  r = run({"synth", "check", uri_, "--mesh", "tp=2", "--rules", "/dev/zero"}, 2);
+  EXPECT_NE(r.err.find("16777217 bytes, more than the limit"), std::string::npos) << r.err;
+  r = run({"synth", "check", uri_, "--mesh", "tp=2", "--rules", dir_}, 2);  // a directory
 }
 
 INSTANTIATE_TEST_SUITE_P(Local, ShardedCli, ::testing::Values("Local"));

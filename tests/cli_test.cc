@@ -145,6 +145,21 @@ TEST_F(CliTest, LeafCountsAndSizesAtTheEdges) {
   }
 }
 
+// A SIZE with a decimal fraction is exact: "16.777216MB" is 16 MiB, not one
+// byte less (the fraction was summed in floating point), so it passes as
+// --s3-part-size, a multiple of 4096. The synth metadata records the SIZE
+// --bytes gave.
+TEST_F(CliTest, FractionalSizesAreExact) {
+  int step = 1;
+  for (auto [text, want] : {std::pair{"2.097152MB", 2097152u}, std::pair{"1.000001MB", 1000001u},
+                            std::pair{"0.029KB", 29u}, std::pair{"1.5KiB", 1536u}}) {
+    synth_save(step, text, 2);
+    json in = run_json({"inspect", dir_, "--step", std::to_string(step), "--json"});
+    EXPECT_EQ(in["metadata"]["synth"]["bytes"], want) << text;
+    ++step;
+  }
+}
+
 TEST_F(CliTest, BorrowStagingAndStepFormat) {
   synth_save(5, "3MiB", 12, {"--staging", "borrow", "--step-format", "{step}"});
   json ls = run_json({"ls", dir_, "--json", "--step-format", "{step}"});
@@ -466,7 +481,34 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
   expect_one_error_line(run({"verify", dir_, "--step", "1", "--all"}, 2));
   expect_one_error_line(run({"--chunk-size", "1.5.5", "synth", "save", dir_, "--step", "1",
                              "--bytes", "1MiB"}, 2));
+  // --keep-every without --keep-last was silently ignored (no retention runs).
+  expect_one_error_line(run({"gc", dir_, "--keep-every", "2"}, 2));
+  // --batch bounds a whole restore's memory; a sharded check ignored it.
+  expect_one_error_line(run({"synth", "check", dir_, "--mesh", "dp=2", "--batch", "1MiB"}, 2));
+  // Forked processes share no mem:// store: the save could only time out.
+  expect_one_error_line(run({"synth", "save", "mem://x", "--step", "1", "--bytes", "64KiB", "--leaves", "3",
+                             "--processes", "2", "--barrier-timeout", "1"},
+                            2));
   EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+// Integers are decimal and within their type: CLI11 read them in base 0
+// ("010" was 8, "0x10" 16) and let a 64-bit one saturate ("--step
+// 99999999999999999999" saved step 9223372036854775807) or an unsigned one
+// wrap ("--seed -1"); a floating-point option took "nan" and failed later,
+// exit 1.
+TEST_F(CliTest, NumbersAreDecimalAndInRange) {
+  run({"synth", "save", dir_, "--step", "010", "--bytes", "64KiB", "--leaves", "3"});
+  json ls = run_json({"ls", dir_, "--json"});
+  ASSERT_EQ(ls.size(), 1u);
+  EXPECT_EQ(ls[0]["step"], 10) << ls.dump();
+  expect_one_error_line(run({"synth", "save", dir_, "--step", "99999999999999999999", "--bytes", "64KiB"}, 2));
+  expect_one_error_line(run({"synth", "save", dir_, "--step", "0x10", "--bytes", "64KiB"}, 2));
+  expect_one_error_line(run({"synth", "save", dir_, "--step", "2", "--bytes", "64KiB", "--seed", "-1"}, 2));
+  expect_one_error_line(run({"inspect", dir_, "--step", "9223372036854775808"}, 2));
+  expect_one_error_line(run({"gc", dir_, "--min-age", "nan"}, 2));
+  EXPECT_EQ(run_json({"inspect", dir_, "--step", "0010", "--json"})["step"], 10);
+  EXPECT_EQ(run_json({"ls", dir_, "--json"}).size(), 1u);
 }
 
 TEST_F(CliTest, MissingThingsExitThree) {

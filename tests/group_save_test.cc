@@ -7,6 +7,7 @@
 
 #include <barrier>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <future>
 #include <map>
@@ -14,10 +15,12 @@
 #include <stdexcept>
 #include <thread>
 
+#include "backends/memory/memory_storage.h"
 #include "ckptio/ckptio.h"
 #include "src/save/group_commit.h"
 #include "src/save/manifest.h"
 #include "testutil/backend_fixture.h"
+#include "testutil/fork_safety.h"
 #include "testutil/random_bytes.h"
 #include "testutil/sharded_state.h"
 
@@ -76,7 +79,7 @@ class GroupSaveTest : public testutil::BackendTest {
   // Runs `procs` processes saving `step`; process p saves `states[p]`
   // (or nothing, if skip[p]). Returns each process's outcome.
   // One manager per process, kept for the run as a trainer keeps it (the
-  // attempt id counts each manager's saves of a step).
+  // attempt id counts each process's saves of a step, across managers).
   using Managers = std::vector<std::shared_ptr<CheckpointManager>>;
   Managers managers(const std::vector<ManagerOptions>& options) {
     Managers m;
@@ -229,6 +232,45 @@ TEST_P(GroupSaveTest, ADoubledRegionNamesBothProcesses) {
   }
 }
 
+// Processes that disagree on a leaf's shape (or dtype) fail the step on
+// every process, naming the leaf and both shapes; nothing is committed.
+TEST_P(GroupSaveTest, ProcessesThatDisagreeOnALeafsShapeFailItNamingTheLeaf) {
+  const auto state = global_state(12);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  ASSERT_EQ(states[1].leaves[0].path, "params.w");
+  states[1].leaves[0].shape[0] *= 2;  // its boxes still lie inside
+  for (const Status& st : save_all(10, states, options_for(2))) {
+    EXPECT_EQ(st.code(), Code::kFailedPrecondition) << st.to_string();
+    EXPECT_NE(st.message().find("model/params.w: process 1 saved it as"), std::string::npos) << st.to_string();
+  }
+  CheckpointManager reader(faults_, {});
+  EXPECT_FALSE(reader.latest_step().value().has_value());
+}
+
+// Two runs (two run ids) save the same step at once: their attempts never
+// mix. One commits and restores whole; every process of the other fails
+// without waiting for its timeout.
+TEST_P(GroupSaveTest, TwoRunsSavingOneStepAtOnceCommitOneWholeStep) {
+  const auto state_a = global_state(13), state_b = global_state(14);
+  std::vector<ProcessState> a, b;
+  for (int p = 0; p < 2; ++p) a.push_back(process_state(state_a, mesh_, p, 2));
+  for (int p = 0; p < 2; ++p) b.push_back(process_state(state_b, mesh_, p, 2));
+  Managers ma = managers(options_for(2, /*timeout=*/30));
+  run_id_ += "-b";
+  Managers mb = managers(options_for(2, /*timeout=*/30));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Status> out_a, out_b;
+  std::thread run_a([&] { out_a = save_all(11, a, ma); });
+  out_b = save_all(11, b, mb);
+  run_a.join();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20);
+  const bool a_won = out_a[0].ok();
+  for (const Status& st : a_won ? out_a : out_b) EXPECT_TRUE(st.ok()) << st.to_string();
+  for (const Status& st : a_won ? out_b : out_a) EXPECT_FALSE(st.ok());
+  expect_step(11, a_won ? state_a : state_b);
+}
+
 TEST_P(GroupSaveTest, ADeadProcessLeavesTheStepUncommittedAndThePreviousIntact) {
   const auto state1 = global_state(5);
   std::vector<ProcessState> states;
@@ -280,6 +322,71 @@ TEST_P(GroupSaveTest, AProcessThatFailsToWriteFailsTheStepFast) {
   // failed attempt's manifests do not count.
   for (const Status& st : save_all(4, states, ms)) EXPECT_TRUE(st.ok()) << st.to_string();
   expect_step(4, state);
+}
+
+// A save() refused on one process only (its state is invalid there) still
+// counts as that process's save of the step: the attempt ids of the step's
+// next save agree on every process, so a retry commits. Counting only the
+// saves that passed the checks left process 1 one attempt behind, and every
+// later save of the step timed out. And the refusal is recorded for the
+// others, who fail at once instead of waiting for the timeout.
+TEST_P(GroupSaveTest, ASaveRefusedOnOneProcessDoesNotPutItsAttemptsOutOfStep) {
+  const auto state = global_state(11);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  Managers ms = managers(options_for(2, /*timeout=*/5));
+  std::vector<LeafView> bad = states[1].leaves;
+  ASSERT_FALSE(bad[0].shards.empty());
+  bad[0].shards[0].data = nullptr;
+  Status out0;
+  std::thread coordinator([&] {
+    auto h = ms[0]->save(9, states[0].leaves, {.metadata_json = R"({"by":"group"})"});
+    out0 = h.ok() ? h->wait() : h.status();
+  });
+  auto refused = ms[1]->save(9, bad, {.metadata_json = R"({"by":"group"})"});
+  coordinator.join();
+  EXPECT_EQ(refused.status().code(), Code::kInvalidArgument) << refused.status().to_string();
+  // Process 1 recorded the refusal: the coordinator failed at once.
+  EXPECT_EQ(out0.code(), Code::kFailedPrecondition) << out0.to_string();
+  EXPECT_NE(out0.message().find("process 1 failed: InvalidArgument: save() refused it"), std::string::npos)
+      << out0.to_string();
+  for (const Status& st : save_all(9, states, ms)) EXPECT_TRUE(st.ok()) << st.to_string();
+  expect_step(9, state);
+}
+
+// Managers made anew in the same processes (same run id) save a step whose
+// first attempt failed: their attempt must not meet that attempt's
+// manifests and failure record.
+TEST_P(GroupSaveTest, NewManagersOfTheSameRunDoNotMeetAFailedAttemptsLeftovers) {
+  const auto state = global_state(15);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  faults_->add_rule(FaultRule{.op = FaultOp::kCreate, .key_substr = "-p1-0.bin", .code = Code::kNoSpace});
+  for (const Status& st : save_all(12, states, options_for(2))) EXPECT_FALSE(st.ok());
+  faults_->clear_rules();
+  for (const Status& st : save_all(12, states, options_for(2))) EXPECT_TRUE(st.ok()) << st.to_string();
+  expect_step(12, state);
+}
+
+// The coordinator's save() refused (an invalid state there; or the step
+// found committed, by another run meanwhile): the others learn it from the
+// failure record at once instead of waiting for the timeout.
+TEST_P(GroupSaveTest, ASaveRefusedOnTheCoordinatorFailsTheOthersAtOnce) {
+  const auto state = global_state(16);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  Managers ms = managers(options_for(2, /*timeout=*/5));
+  std::vector<LeafView> bad = states[0].leaves;
+  bad[0].shards[0].data = nullptr;
+  auto refused = ms[0]->save(13, bad, {});
+  EXPECT_EQ(refused.status().code(), Code::kInvalidArgument) << refused.status().to_string();
+  auto h1 = ms[1]->save(13, states[1].leaves, {});
+  ASSERT_TRUE(h1.ok()) << h1.status().to_string();
+  const Status out1 = h1->wait();
+  EXPECT_EQ(out1.code(), Code::kFailedPrecondition) << out1.to_string();
+  EXPECT_NE(out1.message().find("save() refused it"), std::string::npos) << out1.to_string();
+  for (const Status& st : save_all(13, states, ms)) EXPECT_TRUE(st.ok()) << st.to_string();
+  expect_step(13, state);
 }
 
 // The coordinator's index PUT stores the index but its answer is lost, and
@@ -372,12 +479,46 @@ TEST(GroupSave, OptionsAreChecked) {
   EXPECT_EQ(check_process_group(g).code(), Code::kInvalidArgument);
   g.run_id = "job-17.restart_2";
   EXPECT_TRUE(check_process_group(g).ok());
+  // The polling interval is a sleep: NaN, infinity or a negative one is refused.
+  for (double poll : {std::nan(""), HUGE_VAL, -1.0, 1e300}) {
+    g.poll_seconds = poll;
+    EXPECT_EQ(check_process_group(g).code(), Code::kInvalidArgument) << poll;
+  }
+  g.poll_seconds = 0;
+  EXPECT_TRUE(check_process_group(g).ok());
+  g.poll_seconds = 0.05;
   // Same inputs, same id; any difference, another id.
   EXPECT_EQ(group_attempt_id("a", 1, 0), group_attempt_id("a", 1, 0));
   EXPECT_NE(group_attempt_id("a", 1, 0), group_attempt_id("b", 1, 0));
   EXPECT_NE(group_attempt_id("a", 1, 0), group_attempt_id("a", 2, 0));
   EXPECT_NE(group_attempt_id("a", 1, 0), group_attempt_id("a", 1, 1));
   EXPECT_EQ(group_attempt_id("a", 1, 0).size(), 16u);
+}
+
+// The coordinator finds each listed manifest's process from its name: with
+// thousands of processes, comparing every listed name with every process's
+// expected name took seconds per poll (quadratic), before any I/O.
+TEST(GroupSave, ManyManifestsAreGatheredInLinearTime) {
+  auto storage = make_memory_storage(/*posix_like=*/false);
+  ProcessGroup group;
+  group.count = 4096;
+  group.run_id = "many";
+  const AttemptPaths paths = plan_attempt(*storage, "run-1", group_attempt_id(group.run_id, 1, 0));
+  Index partial;
+  partial.prefixes.push_back(PrefixRecord{"model", {LeafRecord{"w", DType::kFloat32, {0}, {}}}});
+  for (int p = 0; p < group.count; ++p) {
+    ProcessGroup me = group;
+    me.index = p;
+    ASSERT_TRUE(publish_manifest(GroupSave{*storage, me, paths, 1}, partial, Status::OK()).ok());
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto merged = gather_manifests(GroupSave{*storage, group, paths, 1});
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(merged.ok()) << merged.status().to_string();
+  EXPECT_EQ(merged->prefixes.at(0).leaves.size(), 1u);
+  // 1.2 s here when quadratic, 0.02 s now; sanitizers slow both down.
+  const bool sanitized = testutil::under_thread_sanitizer() || testutil::under_address_sanitizer();
+  EXPECT_LT(took, sanitized ? 10.0 : 0.5);
 }
 
 TEST(Manifest, RoundTripsAndRefusesWhatIsNotOne) {

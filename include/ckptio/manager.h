@@ -123,8 +123,9 @@ struct ProcessGroup {
   int count = 1;  // 1: a single-process save, nothing below is used
   // An id every process of this run shares and no earlier run of the job
   // used: a launcher's job id plus its restart count, or a value process 0
-  // broadcast. Save attempts are named from it and from a count of saves, so
-  // that a restarted job never mixes its files with a dead run's. Required
+  // broadcast. Save attempts are named from it and from this process's count
+  // of save() calls of the step (across its managers), so that a restarted
+  // job never mixes its files with a dead run's. Required
   // when count > 1 (safe-name characters: letters, digits, '-', '_', '.').
   std::string run_id;
   // Null: the default, which polls the storage (the coordinator lists the
@@ -134,7 +135,7 @@ struct ProcessGroup {
   // How long the coordinator waits for the last manifest, and the others
   // for the outcome, before the save fails.
   double timeout_seconds = 600;
-  double poll_seconds = 0.05;  // the default barrier's listing interval
+  double poll_seconds = 0.05;  // the default barrier's listing interval, in [0, 3600]
 };
 
 struct ManagerOptions {

@@ -99,17 +99,22 @@ struct CheckpointManager::Impl {
     Impl* impl_;
     int64_t step_;
   };
-  std::map<int64_t, uint64_t> group_saves;  // multi-process saves begun, per step
 
   // ---- Save (src/save/submit.cc, src/save/pipeline.cc) ----
   // save() after check_process(): takes a slot, queues the job and, in copy
   // mode, copies the state; `called` is when save() was called.
   Result<SaveHandle> submit(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options,
                             std::chrono::steady_clock::time_point called);
+  // submit's work once a multi-process save is numbered (`n`, 0 otherwise).
+  Result<SaveHandle> submit_attempt(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options,
+                                    std::chrono::steady_clock::time_point called, const std::string& final_dir,
+                                    uint64_t n);
   // The job of one save, planned: attempt names, float cast, row bands, the
-  // data files' layout and write ranges.
+  // data files' layout and write ranges. `group_save`: a multi-process save's
+  // count of this process's earlier save() calls of the step (submit.cc).
   Result<std::shared_ptr<SaveJob>> make_job(int64_t step, std::vector<LeafView>&& state,
-                                            const SaveOptions& options, const std::string& final_dir);
+                                            const SaveOptions& options, const std::string& final_dir,
+                                            uint64_t group_save);
   void worker_loop();
   void reap_loop();  // removes what retention after a commit retired
   void run_job(SaveJob& job);

@@ -31,6 +31,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <map>
 #include <set>
@@ -44,6 +45,8 @@ namespace ckptio {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr double kMaxPollSeconds = 3600;
 
 uint64_t fnv1a64(std::string_view s, uint64_t h = 0xcbf29ce484222325ull) {
   for (unsigned char c : s) {
@@ -132,6 +135,11 @@ Status check_process_group(const ProcessGroup& g) {
           std::string::npos)
     return invalid_argument("processes.run_id may hold letters, digits, '-', '_' and '.' (at most 256)");
   if (!(g.timeout_seconds > 0)) return invalid_argument("processes.timeout_seconds must be > 0");
+  // Each poll sleeps this long: NaN or infinity made the sleep's conversion
+  // to nanoseconds undefined (in practice a busy loop on the storage).
+  if (!(g.poll_seconds >= 0 && g.poll_seconds <= kMaxPollSeconds))
+    return invalid_argument("processes.poll_seconds must be in [0, " + std::to_string(int(kMaxPollSeconds)) +
+                            "]");
   return Status::OK();
 }
 
@@ -175,13 +183,16 @@ Result<Index> gather_manifests(const GroupSave& g) {
     for (;;) {
       CKPTIO_ASSIGN_OR_RETURN(ListResult listed, g.storage.list(prefix, false));
       for (const ListEntry& e : listed.objects) {
-        for (int i = 0; i < n; ++i) {  // exact names only
-          if (got.count(i) || e.key != key_in(g, manifest_name(g.paths.attempt, i))) continue;
-          CKPTIO_ASSIGN_OR_RETURN(Manifest m, read_manifest(g, i));
-          if (m.error)  // fail now rather than after the timeout
-            return Status(Code::kFailedPrecondition, "process " + std::to_string(i) + " failed: " + *m.error);
-          got.emplace(i, std::move(m));
-        }
+        // The process from the name, then the exact name checked: comparing
+        // each name with all N expected ones cost seconds a poll at N = 4096.
+        if (e.key.size() <= prefix.size() || e.key.compare(0, prefix.size(), prefix) != 0) continue;
+        int i = -1;
+        std::from_chars(e.key.data() + prefix.size(), e.key.data() + e.key.size(), i);
+        if (i < 0 || i >= n || got.count(i) || e.key != key_in(g, manifest_name(g.paths.attempt, i))) continue;
+        CKPTIO_ASSIGN_OR_RETURN(Manifest m, read_manifest(g, i));
+        if (m.error)  // fail now rather than after the timeout
+          return Status(Code::kFailedPrecondition, "process " + std::to_string(i) + " failed: " + *m.error);
+        got.emplace(i, std::move(m));
       }
       if (static_cast<int>(got.size()) == n) break;
       if (elapsed(t0) > g.group.timeout_seconds) {

@@ -1,8 +1,11 @@
 // save() on the caller's thread: checks, an in-flight slot, the job planned
 // and queued for the worker, and in copy mode the copy into the pool (the
 // whole pipeline is described at the top of pipeline.cc).
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -44,6 +47,23 @@ Status check_save(int64_t step, const std::vector<LeafView>& state, const SaveOp
   return Status::OK();
 }
 
+// The n of group_attempt_id: this process's save() calls of `final_dir` at
+// `where` under the group's run id and index. Counted for the process, not
+// per manager: a manager made anew in the same run would otherwise name its
+// attempt like an earlier, failed one of the step, whose manifests and
+// failure record are still there; another process then took that old
+// failure for this attempt's and deleted its data file under the step the
+// coordinator went on to commit. (Never freed: at exit a save may still run.)
+uint64_t next_group_save(const std::string& where, const ProcessGroup& group, const std::string& final_dir) {
+  struct Counts {
+    std::mutex mu;
+    std::map<std::string, uint64_t> saves;
+  };
+  static Counts& counts = *new Counts;
+  std::lock_guard lock(counts.mu);
+  return counts.saves[where + '\n' + group.run_id + '\n' + std::to_string(group.index) + '\n' + final_dir]++;
+}
+
 // eformer's float_dtype: casts the job's float leaves now, into buffers the
 // job owns.
 Status cast_floats(SaveJob& job, DType to) {
@@ -80,8 +100,38 @@ std::shared_ptr<SaveJob> new_job(int64_t step, std::vector<LeafView>&& state, co
 Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<LeafView>&& state,
                                                    const SaveOptions& options,
                                                    std::chrono::steady_clock::time_point t0) {
+  const std::string final_dir = naming.name(step);
+  const ProcessGroup& group = owner->options().processes;
+  if (group.count <= 1) return submit_attempt(step, std::move(state), options, t0, final_dir, 0);
+  // A multi-process save's attempt is numbered before anything may refuse
+  // it: every process counts every save() of a step, so that one refused on
+  // some process only (an invalid state there, a step committed meanwhile)
+  // leaves the next save of the step with the same attempt id everywhere.
+  const uint64_t n = next_group_save(owner->storage().describe(), group, final_dir);
+  Result<SaveHandle> h = submit_attempt(step, std::move(state), options, t0, final_dir, n);
+  if (!h.ok() && step >= 0 && !group.barrier && check_process_group(group).ok()) {
+    // The others would wait for this process's manifest (process 0's
+    // outcome) until the timeout: record the refusal where they look, so
+    // that the attempt fails at once on every process. (With a trainer's
+    // barrier they wait at it instead, as for a process that died.)
+    const AttemptPaths paths = plan_attempt(owner->storage(), final_dir, group_attempt_id(group.run_id, step, n));
+    const GroupSave g{owner->storage(), group, paths, step};
+    const Status refused = h.status().annotate("save() refused it");
+    if (group.index == 0) announce_outcome(g, refused);
+    else if (Status st = publish_manifest(g, Index{}, refused); !st.ok())
+      spdlog::warn("ckptio: could not tell the other processes that save() of step {} was refused: {}", step,
+                   st.to_string());
+  }
+  return h;
+}
+
+Result<SaveHandle> CheckpointManager::Impl::submit_attempt(int64_t step, std::vector<LeafView>&& state,
+                                                           const SaveOptions& options,
+                                                           std::chrono::steady_clock::time_point t0,
+                                                           const std::string& final_dir, uint64_t n) {
   const int64_t created = unix_ns_now();
-  CKPTIO_RETURN_IF_ERROR(check_save(step, state, options, owner->options().processes));
+  const ProcessGroup& group = owner->options().processes;
+  CKPTIO_RETURN_IF_ERROR(check_save(step, state, options, group));
   // The worker runs on_commit and on_retention: a save from there would wait
   // for a slot (or, in copy mode, for pool buffers) that only the worker frees.
   if (std::this_thread::get_id() == worker.get_id())
@@ -100,7 +150,6 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
     cv.notify_all();
   };
 
-  const std::string final_dir = naming.name(step);
   const bool eformer = owner->options().layout == zarr::kEformerLayout;
   if (!options.overwrite && !eformer) {  // (the eformer writer refuses an existing step itself)
     Storage& storage = owner->storage();
@@ -115,7 +164,7 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
   Result<std::shared_ptr<SaveJob>> planned = internal_error("unplanned");
   try {  // (the plan's vectors, float_dtype's cast copies, the eformer layout's copies)
     planned = eformer ? make_eformer_job(step, std::move(state), options, final_dir)
-                      : make_job(step, std::move(state), options, final_dir);
+                      : make_job(step, std::move(state), options, final_dir, n);
   } catch (const std::bad_alloc&) {
     planned = out_of_memory("planning the save of step " + std::to_string(step));
   }
@@ -162,7 +211,8 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
 
 Result<std::shared_ptr<SaveJob>> CheckpointManager::Impl::make_job(int64_t step, std::vector<LeafView>&& state,
                                                                    const SaveOptions& options,
-                                                                   const std::string& final_dir) {
+                                                                   const std::string& final_dir,
+                                                                   uint64_t group_save) {
   Storage& storage = owner->storage();
   const ProcessGroup& group = owner->options().processes;
   const bool multi = group.count > 1;
@@ -170,12 +220,7 @@ Result<std::shared_ptr<SaveJob>> CheckpointManager::Impl::make_job(int64_t step,
                      owner->made_by_pid_);
   if (multi) {
     // Every process names this attempt alike (see src/save/group_commit.cc).
-    uint64_t n = 0;
-    {
-      std::lock_guard lock(mu);
-      n = group_saves[step]++;
-    }
-    job->paths = plan_attempt(storage, final_dir, group_attempt_id(group.run_id, step, n));
+    job->paths = plan_attempt(storage, final_dir, group_attempt_id(group.run_id, step, group_save));
     job->group = true;
   } else {
     job->paths = plan_attempt(storage, final_dir);

@@ -90,6 +90,10 @@ uint64_t size_arg(const std::string& text, const std::string& option);
 // CLI11 checks for numbers >= 0 and > 0 with a one-line message.
 CLI::Validator non_negative();
 CLI::Validator positive();
+// Makes every integer option of `app` and its subcommands take decimal
+// digits only, within 64 bits, and every floating-point one refuse NaN (see
+// common.cc); call once all options are added.
+void strict_numbers(CLI::App& app);
 
 // ---- Output -----------------------------------------------------------------
 std::string format_bytes(uint64_t bytes);                 // "1.50 GiB"

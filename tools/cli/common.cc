@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "tools/cli/cli.h"
@@ -49,12 +51,21 @@ std::optional<uint64_t> parse_size(std::string_view text) {
     if (whole > UINT64_MAX) return std::nullopt;
     digits = true;
   }
-  long double frac = 0;
+  // The fraction as the exact ratio frac / scale: in floating point,
+  // "16.777216MB" came out one byte short (16777215). Digits past the 24th
+  // are dropped: at the largest unit (2^40) they are worth < 10^-11 bytes.
+  constexpr unsigned __int128 kMaxScale = [] {
+    unsigned __int128 s = 1;
+    for (int k = 0; k < 24; ++k) s *= 10;
+    return s;
+  }();
+  unsigned __int128 frac = 0, scale = 1;
   if (i < text.size() && text[i] == '.') {
-    long double scale = 0.1L;
     for (++i; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); ++i) {
-      frac += (text[i] - '0') * scale;
-      scale /= 10;
+      if (scale < kMaxScale) {
+        frac = frac * 10 + (text[i] - '0');
+        scale *= 10;
+      }
       digits = true;
     }
   }
@@ -71,7 +82,7 @@ std::optional<uint64_t> parse_size(std::string_view text) {
   for (const auto& [name, mult] : kUnits) {
     if (unit != name) continue;
     unsigned __int128 v = whole * mult;
-    v += static_cast<uint64_t>(std::floor(frac * mult));
+    v += frac * mult / scale;  // < 10^24 * 2^40 < 2^128
     if (v > UINT64_MAX) return std::nullopt;
     return static_cast<uint64_t>(v);
   }
@@ -109,6 +120,57 @@ CLI::Validator positive() {
         return "";
       },
       "POSITIVE");
+}
+
+namespace {
+
+// CLI11 (2.1) reads an integer with strtoll / strtoull in base 0 and does not
+// check for overflow: "--step 010" was step 8, "--keep-last 010" kept 8
+// steps, "0x10" was 16, and a number beyond 64 bits saturated
+// ("--step 99999999999999999999" saved step 9223372036854775807) or, for an
+// unsigned option, "-1" wrapped to 2^64 - 1. This transform runs before that
+// conversion: an optional sign and decimal digits, within T's range, handed
+// on without leading zeros (CLI11 still refuses what does not fit a
+// narrower option).
+template <typename T>
+CLI::Validator decimal_integer() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        std::string_view digits = v;
+        if (!digits.empty() && digits.front() == '+') digits.remove_prefix(1);
+        T n{};
+        auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+        if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size())
+          return "expected a decimal integer in [" + std::to_string(std::numeric_limits<T>::min()) + ", " +
+                 std::to_string(std::numeric_limits<T>::max()) + "], got " + v;
+        v = std::to_string(n);
+        return "";
+      },
+      "");
+}
+
+// CLI11's NonNegativeNumber and PositiveNumber let "nan" through (no
+// comparison holds): "--min-age nan" reached the library and failed as an
+// operation (exit 1) instead of a usage error.
+CLI::Validator not_nan() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        return std::isnan(std::strtod(v.c_str(), nullptr)) ? "expected a number, got " + v : "";
+      },
+      "");
+}
+
+}  // namespace
+
+void strict_numbers(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options()) {
+    const std::string type = opt->get_type_name();
+    const std::string base = type.substr(0, type.find(':'));
+    if (base == "INT") opt->transform(decimal_integer<int64_t>());
+    else if (base == "UINT") opt->transform(decimal_integer<uint64_t>());
+    else if (base == "FLOAT") opt->transform(not_nan());
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) strict_numbers(*sub);
 }
 
 // ---- Output -----------------------------------------------------------------

@@ -80,12 +80,14 @@ void add_gc(CLI::App& app, const GlobalOptions& g, Command* run) {
                   "Leave leftovers changed less than this many seconds ago (default 3600; 0 removes every "
                   "leftover: only when no process saves to URI)")
       ->check(CLI::NonNegativeNumber);
-  sub->add_option("--keep-last", o->keep_last,
-                  "Keep the newest N committed steps, delete older ones (0: delete none)")
-      ->check(non_negative());
+  auto* keep_last = sub->add_option("--keep-last", o->keep_last,
+                                    "Keep the newest N committed steps, delete older ones (0: delete none)")
+                        ->check(non_negative());
+  // Alone it would be ignored: without --keep-last no retention runs.
   sub->add_option("--keep-every", o->keep_every,
                   "With --keep-last: also keep steps divisible by K")
-      ->check(non_negative());
+      ->check(non_negative())
+      ->needs(keep_last);
   sub->add_flag("--json", o->json, "Print {removed: [...], freed_bytes, kept_steps}");
   sub->callback([o, &g, run] { *run = [o, &g] { return run_gc(g, *o); }; });
 }

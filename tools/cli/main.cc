@@ -140,6 +140,7 @@ int main(int argc, char** argv) {
   add_synth(app, g, &run);
   add_demo(app, g, &run);
   add_bench(app, g, &run);
+  strict_numbers(app);
 
   try {
     app.parse(argc, argv);

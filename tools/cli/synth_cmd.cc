@@ -353,7 +353,13 @@ struct CheckCmd {
 };
 
 int run_check(const GlobalOptions& g, const CheckCmd& o) {
-  if (o.sharding.any() || !o.coalesce_gap.empty() || o.verify_whole_shards)
+  const bool sharded = o.sharding.any() || !o.coalesce_gap.empty() || o.verify_whole_shards;
+  // A restore into a sharding is one restore per process: --batch would be
+  // ignored, and the memory it was meant to bound used anyway.
+  if (sharded && !o.batch.empty())
+    fail(kExitUsage, "--batch cannot be combined with --mesh, --rules, --processes, --coalesce-gap or "
+                     "--verify-whole-shards");
+  if (sharded)
     return run_sharded_check(
         g, o.sharding,
         ShardedCheckArgs{o.uri, o.step, o.coalesce_gap, o.json, o.verify_whole_shards, !o.no_prefault});

@@ -30,7 +30,6 @@
 #include <cstring>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "backends/fault/fault_storage.h"
 #include "tools/cli/synth.h"
@@ -62,9 +61,13 @@ Sharding resolve(const ShardingArgs& a) {
   if (!a.rules.empty()) {
     std::ifstream in(a.rules, std::ios::binary);
     if (!in) fail(kExitNotFound, "--rules: cannot read " + a.rules);
-    std::stringstream text;
-    text << in.rdbuf();
-    s.rules_text = text.str();
+    // At most one byte more than from_json takes (16 MiB): reading the whole
+    // file first let --rules /dev/zero (or a large file named by mistake)
+    // grow a string until memory ran out.
+    s.rules_text.resize((size_t{16} << 20) + 1);
+    in.read(s.rules_text.data(), static_cast<std::streamsize>(s.rules_text.size()));
+    s.rules_text.resize(static_cast<size_t>(in.gcount()));
+    if (in.bad()) fail(kExitUsage, "--rules: cannot read " + a.rules);
     auto r = PartitionRules::from_json(s.rules_text);
     if (!r.ok()) fail(kExitUsage, "--rules " + a.rules + ": " + r.status().message());
     s.rules = *r;
@@ -284,6 +287,13 @@ Json check_process(const GlobalOptions& g, const Sharding& s, const ShardedCheck
   target.mesh = s.mesh;
   target.rules = s.rules;
   target.devices = devices_of(s.mesh, p, s.processes);
+  // More processes than devices: this one owns none, so it restores nothing
+  // (an empty Sharding::devices would mean every device of the mesh).
+  if (target.devices.empty())
+    return Json{{"bytes_needed", 0}, {"bytes_read", 0}, {"requests", 0}, {"pieces_unverified", 0},
+                {"bytes_unverified", 0}, {"bytes_checked", 0}, {"restore_seconds", 0.0},
+                {"ready_monotonic_s", std::chrono::duration<double>(Clock::now().time_since_epoch()).count()},
+                {"leaves", 0}};
   target.uneven = Uneven::kPad;
   ro.sharding = target;
   if (!a.coalesce_gap.empty()) ro.coalesce_gap = size_arg(a.coalesce_gap, "--coalesce-gap");
@@ -365,6 +375,11 @@ uint64_t sum_of(const std::vector<Json>& rs, const char* key) {
 int run_sharded_save(const GlobalOptions& g, const ShardingArgs& args, const ShardedSaveArgs& a) {
   Sharding s = resolve(args);
   s.barrier_timeout = args.barrier_timeout;
+  // Each forked process would have a store of its own: the coordinator could
+  // only wait for the others' manifests until --barrier-timeout.
+  if (s.processes > 1 && is_mem_uri(a.uri))
+    fail(kExitUsage, "--processes " + std::to_string(s.processes) + " needs a location the processes share (a "
+                     "directory or s3://); a mem:// store is empty in every new process");
   if (a.leaves < 1 || a.leaves > synth::kMaxLeaves)
     fail(kExitUsage, "--leaves must be in [1, " + std::to_string(synth::kMaxLeaves) + "]");
   const synth::Layout layout = synth::make_layout(a.target_bytes, a.leaves);

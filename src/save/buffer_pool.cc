@@ -57,7 +57,7 @@ std::byte* BufferPool::acquire() {
 }
 
 void BufferPool::refused_locked(std::vector<std::byte*>* unmap) {
-  const uint64_t ceiling = std::max<uint64_t>(allocated_ > 1 ? allocated_ - 1 : 1, 1);
+  const uint64_t ceiling = allocated_ > 1 ? allocated_ - 1 : 1;
   if (ceiling < ceiling_)
     spdlog::warn("ckptio: the system refused a staging buffer of {} bytes; saves go on with {} of {}", chunk_,
                  ceiling, capacity_);

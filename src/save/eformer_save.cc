@@ -13,13 +13,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <new>
 #include <optional>
 
 #include "src/layout/zarr/chunk_grid.h"
 #include "src/save/eformer_writer.h"
 #include "src/manager/manager_impl.h"
 #include "src/save/save_job.h"
+#include "src/util/allocate.h"
 #include "src/util/box_runs.h"
 
 namespace ckptio {
@@ -63,12 +63,9 @@ Result<Buffer> assemble(const LeafView& leaf) {
   const Box whole = Box::whole(leaf.shape);
   const std::optional<uint64_t> n = checked_num_bytes(whole, item);
   if (!n) return invalid_argument(leaf.prefix + "/" + leaf.path + ": too large");
-  Buffer b;
-  try {  // (on the worker: the system refusing memory fails this save, not the process)
-    b = Buffer::allocate(std::max<uint64_t>(*n, 1));
-  } catch (const std::bad_alloc&) {
-    return out_of_memory("assembling " + leaf.prefix + "/" + leaf.path + " (" + std::to_string(*n) + " bytes)");
-  }
+  // (On the worker: the system refusing memory fails this save, not the process.)
+  CKPTIO_ASSIGN_OR_RETURN(Buffer b, allocate_or_status(std::max<uint64_t>(*n, 1), 64,
+                                                      "assembling " + leaf.prefix + "/" + leaf.path));
   for (const ShardView& s : leaf.shards) {
     if (box_is_empty(s.box)) continue;
     CKPTIO_ASSIGN_OR_RETURN(RunLayout runs, run_layout(s.box, 0, s.box, whole, item));

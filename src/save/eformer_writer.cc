@@ -16,13 +16,13 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <new>
 #include <set>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "src/layout/layout.h"
+#include "src/util/allocate.h"
 #include "src/layout/zarr/chunk_codec.h"
 #include "src/layout/zarr/chunk_grid.h"
 #include "src/layout/zarr/eformer_index.h"
@@ -138,20 +138,6 @@ std::string python_isoformat_local(int64_t unix_ns) {
 
 // ---- Buffers ------------------------------------------------------------------
 
-namespace {
-
-// kAlign-aligned bytes, or kResourceExhausted: these threads must not end
-// the process when the system refuses memory (docs/reliability.md).
-Result<Buffer> allocate(uint64_t n, const char* what) {
-  try {
-    return Buffer::allocate(n, kAlign);
-  } catch (const std::bad_alloc&) {
-    return out_of_memory(std::string(what) + " of " + std::to_string(n) + " bytes");
-  }
-}
-
-}  // namespace
-
 Result<Buffer> EformerStepWriter::Impl::take_buffer(uint64_t chunk_bytes, uint64_t size) {
   const uint64_t cls = buffer_class(chunk_bytes);
   Buffer b;
@@ -165,7 +151,7 @@ Result<Buffer> EformerStepWriter::Impl::take_buffer(uint64_t chunk_bytes, uint64
     }
   }
   if (b.size() == 0) {
-    CKPTIO_ASSIGN_OR_RETURN(b, allocate(std::max(cls, round_up(size, kAlign)), "a chunk buffer"));
+    CKPTIO_ASSIGN_OR_RETURN(b, allocate_or_status(std::max(cls, round_up(size, kAlign)), kAlign, "a chunk buffer"));
   }
   std::memset(b.data() + size, 0, round_up(std::max<uint64_t>(size, 1), kAlign) - size);
   return b;
@@ -307,7 +293,7 @@ Status EformerStepWriter::Impl::write_object(const std::string& key, const Buffe
   const uint64_t len = round_up(size, std::max<uint64_t>(obj->alignment(), 1));
   Buffer src = data;
   if (len > src.size()) {  // an alignment above kAlign: pad a copy
-    CKPTIO_ASSIGN_OR_RETURN(src, allocate(len, "a padded copy of a chunk"));
+    CKPTIO_ASSIGN_OR_RETURN(src, allocate_or_status(len, kAlign, "a padded copy of a chunk"));
     std::memset(src.data(), 0, len);
     std::memcpy(src.data(), data.data(), size);
   }

@@ -296,6 +296,22 @@ TEST_P(GroupSaveTest, ADeadProcessLeavesTheStepUncommittedAndThePreviousIntact) 
   for (const auto& d : *dirs) EXPECT_TRUE(d.committed) << d.name;
 }
 
+TEST_P(GroupSaveTest, APollLongerThanTheTimeoutStillTimesOutOnTime) {
+  // poll_seconds may be up to an hour; the wait must still end at the timeout
+  // (the sleep used to run its whole length first).
+  const auto state = global_state(8);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  auto options = options_for(2, /*timeout=*/0.5);
+  for (auto& o : options) o.processes.poll_seconds = 30;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto out = save_all(1, states, options, {false, true});  // process 1 never saves
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(out[0].code(), Code::kUnavailable) << out[0].to_string();
+  EXPECT_NE(out[0].message().find("timed out"), std::string::npos) << out[0].to_string();
+  EXPECT_LT(took, 10.0) << "the 30 s poll ran past the 0.5 s timeout";
+}
+
 TEST_P(GroupSaveTest, AProcessThatFailsToWriteFailsTheStepFast) {
   const auto state = global_state(7);
   std::vector<ProcessState> states;
@@ -674,6 +690,38 @@ TEST(CoverCheck, NamesTheRegion) {
   EXPECT_EQ(*describe_cover_problem({}, {Box{{}, {}}, Box{{}, {}}}, who), "the scalar is written by p0 and p1");
   EXPECT_FALSE(describe_cover_problem({0, 4}, {}, who));
   EXPECT_FALSE(describe_cover_problem({4, 4}, {Box{{0, 0}, {4, 4}}, Box{{2, 2}, {2, 4}}}, who));
+}
+
+// A split of dimension 1 over many devices: every box spans all rows, so the
+// sweep along dimension 0 compared every pair (8,192 boxes: 33 million
+// intersections per leaf at the coordinator's commit). As a grid each box is
+// one cell, and a doubled cell is found by its cell.
+TEST(CoverCheck, ManyBoxesSharingTheirRowsAreCheckedAsAGrid) {
+  constexpr int64_t kBoxes = 8192;
+  const Shape shape{4, kBoxes * 2};
+  std::vector<Box> boxes;
+  std::vector<std::string> who;
+  for (int64_t i = 0; i < kBoxes; ++i) {
+    boxes.push_back(Box{{0, 2 * i}, {4, 2 * i + 2}});
+    who.push_back("p" + std::to_string(i));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(describe_cover_problem(shape, boxes, who));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const bool sanitized = testutil::under_thread_sanitizer() || testutil::under_address_sanitizer();
+  EXPECT_LT(took, sanitized ? 10.0 : 0.2);  // 0.005 s as a grid
+  // The same cell twice (a replica written twice) and a cell written by none.
+  boxes[5000] = boxes[17];
+  auto twice = describe_cover_problem(shape, boxes, who);
+  ASSERT_TRUE(twice);
+  EXPECT_EQ(*twice, "elements [0:4, 34:36] are written by p17 and p5000");
+  // Boxes that are no grid (one spans two cells of the others') still go
+  // through the pairwise check (0.3 s for all 8,192 here: 64 of them).
+  std::vector<Box> few(boxes.begin(), boxes.begin() + 64);
+  few[40] = Box{{0, 80}, {4, 84}};
+  twice = describe_cover_problem({4, 128}, few, who);
+  ASSERT_TRUE(twice);
+  EXPECT_NE(twice->find("elements [0:4, 82:84] are written by"), std::string::npos) << *twice;
 }
 
 }  // namespace

@@ -79,12 +79,18 @@ Status barrier_wait(const GroupSave& g, const char* phase) {
 
 double elapsed(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Sleeps before the next poll: starts at poll_seconds, grows to 1 s.
+// Sleeps before the next poll: starts at poll_seconds, grows to 1 s, and never
+// past the timeout (a poll_seconds longer than the timeout would otherwise
+// report the timeout that much late), so a last poll runs at the deadline.
 struct Poller {
   double next;
-  explicit Poller(const ProcessGroup& g) : next(std::max(g.poll_seconds, 0.001)) {}
+  double timeout;
+  Clock::time_point t0 = Clock::now();
+  explicit Poller(const ProcessGroup& g) : next(std::max(g.poll_seconds, 0.001)), timeout(g.timeout_seconds) {}
+  bool timed_out() const { return elapsed(t0) > timeout; }
   void sleep() {
-    std::this_thread::sleep_for(std::chrono::duration<double>(next));
+    const double left = timeout - elapsed(t0);
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::clamp(left + 0.001, 0.001, next)));
     next = std::min(next * 1.5, std::max(1.0, next));
   }
 };
@@ -177,7 +183,6 @@ Result<Index> gather_manifests(const GroupSave& g) {
       got.emplace(i, std::move(m));
     }
   } else {
-    const auto t0 = Clock::now();
     const std::string prefix = key_in(g, manifest_prefix(g.paths.attempt));
     Poller poll(g.group);
     for (;;) {
@@ -195,7 +200,7 @@ Result<Index> gather_manifests(const GroupSave& g) {
         got.emplace(i, std::move(m));
       }
       if (static_cast<int>(got.size()) == n) break;
-      if (elapsed(t0) > g.group.timeout_seconds) {
+      if (poll.timed_out()) {
         std::vector<int> missing;
         for (int i = 0; i < n; ++i)
           if (!got.count(i)) missing.push_back(i);
@@ -254,7 +259,6 @@ Status await_outcome(const GroupSave& g, bool* decided) {
   }
   const std::string ours = group_data_file(g.paths.attempt, g.group.index);
   const std::string failed = key_in(g, failure_name(g.paths.attempt));
-  const auto t0 = Clock::now();
   Poller poll(g.group);
   for (;;) {
     // Committed: the step's index lists this process's (first) data file (a step
@@ -275,7 +279,7 @@ Status await_outcome(const GroupSave& g, bool* decided) {
     if (g.group.barrier)
       return internal_error("passed the barrier \"decided\" but process 0 left no outcome for step " +
                             std::to_string(g.step) + " at " + g.storage.describe());
-    if (elapsed(t0) > g.group.timeout_seconds)
+    if (poll.timed_out())
       return Status(Code::kUnavailable, "timed out after " +
                                             std::to_string(static_cast<int>(g.group.timeout_seconds)) +
                                             " s waiting for the coordinator (process 0) to commit step " +

@@ -127,6 +127,45 @@ Result<Manifest> parse_manifest(std::string_view json) {
   return m;
 }
 
+namespace {
+
+// The doubled region of boxes that form a grid, as a sharded save's do (each
+// dimension cut at the same places for every box: what JAX's shardings
+// give): each box is then one cell, and two boxes overlap only if they are
+// the same cell. "" if none is doubled; nullopt if the boxes are no grid
+// (the caller compares them pairwise). n log n where the pairwise sweep is
+// quadratic in the boxes sharing rows (a split of dimension 1 over 8,192
+// devices: 33 million pairs per leaf).
+std::optional<std::string> doubled_grid_cell(const std::vector<Box>& boxes, const std::vector<size_t>& live,
+                                             const std::vector<std::string>& owner) {
+  if (live.empty()) return std::string();
+  const size_t rank = boxes[live[0]].start.size();
+  std::vector<std::vector<int64_t>> cuts(rank);
+  for (size_t i : live)
+    for (size_t d = 0; d < rank; ++d) {
+      cuts[d].push_back(boxes[i].start[d]);
+      cuts[d].push_back(boxes[i].stop[d]);
+    }
+  for (auto& c : cuts) {
+    std::sort(c.begin(), c.end());
+    c.erase(std::unique(c.begin(), c.end()), c.end());
+  }
+  std::map<std::vector<uint32_t>, size_t> cell_of;  // cell -> the box in it
+  std::vector<uint32_t> cell(rank);
+  for (size_t i : live) {
+    for (size_t d = 0; d < rank; ++d) {
+      const auto at = std::lower_bound(cuts[d].begin(), cuts[d].end(), boxes[i].start[d]) - cuts[d].begin();
+      if (static_cast<size_t>(at) + 1 >= cuts[d].size() || cuts[d][at + 1] != boxes[i].stop[d]) return std::nullopt;
+      cell[d] = static_cast<uint32_t>(at);
+    }
+    auto [it, fresh] = cell_of.emplace(cell, i);
+    if (!fresh) return region(boxes[i]) + " are written by " + owner[it->second] + " and " + owner[i];
+  }
+  return std::string();
+}
+
+}  // namespace
+
 std::optional<std::string> describe_cover_problem(const Shape& shape, const std::vector<Box>& boxes,
                                                   const std::vector<std::string>& owner) {
   const uint64_t total = checked_num_bytes(shape).value_or(0);
@@ -139,6 +178,8 @@ std::optional<std::string> describe_cover_problem(const Shape& shape, const std:
   if (rank == 0) {
     if (live.size() > 1)
       return "the scalar is written by " + owner[live[0]] + " and " + owner[live[1]];
+  } else if (auto doubled = doubled_grid_cell(boxes, live, owner)) {
+    if (!doubled->empty()) return *doubled;
   } else {
     std::sort(live.begin(), live.end(), [&](size_t a, size_t b) { return boxes[a].start[0] < boxes[b].start[0]; });
     for (size_t i = 0; i < live.size(); ++i)

@@ -1387,6 +1387,21 @@ TEST_P(ManagerTest, RestoreIntoCallerBuffers) {
   // A destination of the wrong size is refused before any read.
   o.into[1].size -= 1;
   EXPECT_EQ(m->restore(1, o).status().code(), Code::kInvalidArgument);
+  // So is one that names no leaf (misspelt), or a leaf `select` left out:
+  // its memory would be left as it was while the restore succeeded.
+  o.into[1].size += 1;
+  o.into.push_back({"tx", "opt_state.mu.kernal", b.data(), b.size()});
+  auto misspelt = m->restore(1, o);
+  ASSERT_EQ(misspelt.status().code(), Code::kInvalidArgument) << misspelt.status().to_string();
+  EXPECT_NE(misspelt.status().message().find("tx/opt_state.mu.kernal names no leaf"), std::string::npos)
+      << misspelt.status().to_string();
+  o.into.pop_back();
+  o.select.prefixes = {"model"};
+  EXPECT_EQ(m->restore(1, o).status().code(), Code::kInvalidArgument);
+  // An earlier entry for a leaf that a later one takes is no such destination.
+  o.select.prefixes.clear();
+  o.into.insert(o.into.begin(), o.into[1]);
+  EXPECT_TRUE(m->restore(1, o).ok());
 }
 
 // While alive, no new thread can be had: the default stack of a new thread
@@ -1431,6 +1446,22 @@ TEST_P(ManagerTest, SaveAndRestoreWorkWhenNoThreadCanBeHad) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->step, 3);
   expect_restored(*r, state);
+}
+
+// Opening local storage at the thread limit: its io_uring's completion
+// thread cannot start. That is a limit of the process (kResourceExhausted,
+// as out of memory), not a fault of the disk to retry (it was kUnavailable).
+TEST(ManagerOpen, AtTheThreadLimitIsResourceExhausted) {
+  const fs::path dir = fs::temp_directory_path() / ("ckptio-nothreads-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  Result<std::unique_ptr<CheckpointManager>> m = Status(Code::kInternal, "not opened");
+  {
+    NoNewThreads no_threads;
+    m = CheckpointManager::open(dir.string());
+  }
+  fs::remove_all(dir);
+  ASSERT_EQ(m.status().code(), Code::kResourceExhausted) << m.status().to_string();
+  EXPECT_NE(m.status().message().find("io_uring completion thread"), std::string::npos) << m.status().to_string();
 }
 
 // Small leaves of odd sizes and mixed dtypes, saved next to each other.

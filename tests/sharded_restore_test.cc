@@ -669,6 +669,48 @@ TEST_P(ShardedRestore, CorruptedByteIsDataLossWhenThePieceIsVerifiable) {
   EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size()), 0);
 }
 
+// Restore-latest by a process that builds part of a sharding (a subset of
+// the devices, or one of a process group) does not skip a step whose data
+// it finds damaged: the processes reading other bytes would restore it, and
+// the group would go on from two steps. The whole mesh in one process
+// skips it, as a single-process restore-latest does.
+TEST_P(ShardedRestore, RestoreLatestOfPartOfAShardingDoesNotSkipDamagedData) {
+  std::vector<SavedArray> arrays = {make_array("params.w", DType::kFloat32, {64, 256}, 31)};
+  const NamedSharding saved_as = sharding("x=4", {{"x"}});
+  ASSERT_NO_FATAL_FAILURE(save(1, arrays, {saved_as}));
+  ASSERT_NO_FATAL_FAILURE(save(2, arrays, {saved_as}));
+  size_t shard = 0;
+  ASSERT_NO_FATAL_FAILURE(corrupt(2, "params.w", 32, 5, &shard));  // device 2's rows
+
+  RestoreOptions o;
+  o.sharding = into(saved_as, arrays, {2});
+  auto r = manager_->restore(std::nullopt, o);
+  ASSERT_EQ(r.status().code(), Code::kDataLoss) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("step 2 is damaged in the bytes this process reads"), std::string::npos)
+      << r.status().to_string();
+  // Device 0 finds no damage in step 2 and restores it: what device 2's
+  // process would have missed had it skipped to step 1.
+  o.sharding = into(saved_as, arrays, {0});
+  r = manager_->restore(std::nullopt, o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->step, 2);
+  // A member of a process group: the same, whatever devices it names.
+  ManagerOptions member;
+  member.processes.index = 1;
+  member.processes.count = 2;
+  member.processes.run_id = "restore-latest-test";
+  CheckpointManager grouped(base_, member);
+  o.sharding = into(saved_as, arrays);
+  r = grouped.restore(std::nullopt, o);
+  ASSERT_EQ(r.status().code(), Code::kDataLoss) << r.status().to_string();
+  // The whole mesh in one process: skipped, step 1 restored.
+  r = manager_->restore(std::nullopt, o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->step, 1);
+  ASSERT_EQ(r->skipped.size(), 1u);
+  EXPECT_EQ(r->skipped[0].step, 2);
+}
+
 // A saved shard larger than verify_widen_max_bytes that is needed only in
 // part is delivered without a checksum check, and the statistics say so;
 // with verify_widen_max_bytes = UINT64_MAX it is read whole and checked.
@@ -868,6 +910,16 @@ TEST_P(ShardedRestore, BadShardingOptionsAreRefusedNamingTheProblem) {
   float dst[64 * 8];
   o.into = {RestoreOptions::Destination{"model", "params.w", dst, sizeof(dst)}};
   expect_invalid(o, "into");
+  // A `leaves` entry for a leaf the step lacks (misspelt) is refused, naming
+  // it, rather than leaving the leaf to the rules in silence; one for a leaf
+  // the step has but `select` leaves out is not.
+  o = RestoreOptions{};
+  o.sharding = into(s, arrays);
+  o.sharding->leaves.push_back(LeafSharding{"model", "params.wq", {64, 8}, PartitionSpec::of({{"x"}}), -1});
+  expect_invalid(o, "`leaves` names model/params.wq, which step 1 does not have");
+  o.sharding = into(s, arrays);
+  o.select.path_regex = "^nothing$";
+  EXPECT_TRUE(manager_->restore(1, o).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ShardedRestore, testutil::local_backends(), testutil::backend_name);

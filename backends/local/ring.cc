@@ -38,7 +38,9 @@ Result<std::unique_ptr<Ring>> Ring::create(unsigned queue_depth) {
   try {
     r->thread_ = std::thread([p = r.get()] { p->completion_loop(); });
   } catch (const std::system_error& e) {
-    return Status(Code::kUnavailable, std::string("start the io_uring completion thread: ") + e.what());
+    // A process at its thread limit (EAGAIN): a limit of the process, as
+    // out of memory is, not a fault of the storage to retry against.
+    return Status(Code::kResourceExhausted, std::string("start the io_uring completion thread: ") + e.what());
   }
   return r;
 }

@@ -333,7 +333,9 @@ struct RestoreOptions {
   // memory (exactly the leaf's bytes; no cast may apply to it) instead of a
   // fresh allocation. Memory that was touched before restores faster than
   // fresh pages, and a destination whose address agrees with the shard's
-  // file offset modulo Storage::read_alignment() takes no bounce copy.
+  // file offset modulo Storage::read_alignment() takes no bounce copy. A
+  // destination naming no selected leaf is refused (kInvalidArgument), as
+  // its memory would be left as it was.
   struct Destination {
     std::string prefix, path;
     void* data = nullptr;
@@ -349,6 +351,8 @@ struct RestoreOptions {
     Mesh mesh;
     // A leaf gets the spec of its entry in `leaves` if it has one, else the
     // first rule of `rules` that matches (eformer's semantics, RuleOptions).
+    // An entry naming a leaf the step does not have is refused
+    // (kInvalidArgument); one for a leaf outside `select` is not used.
     std::vector<LeafSharding> leaves;
     PartitionRules rules;
     RuleOptions rule_options;

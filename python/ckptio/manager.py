@@ -497,7 +497,7 @@ class CheckpointManager:
     # ---- restore ---------------------------------------------------------------------
 
     def restore(self, step=None, *, like=None, select=None, into=None, allow_cast=False, float_dtype=None,
-                verify=True, prefix=None, info=False, sharding=None):
+                verify=True, prefix=None, info=False, sharding=None, fill_missing_chunks=False):
         """Restores `step`, or with None the newest intact committed step
         (damaged newer ones are skipped with a warning unless strict=True).
 
@@ -519,7 +519,11 @@ class CheckpointManager:
         ckptio.Shards with one Shard(index, data, replica_id, device) per
         local device (`devices`; default every device of the mesh) and the
         chosen `.spec`. Only the bytes those devices hold are read.
-        docs/python.md, "Sharded state (JAX)"."""
+        docs/python.md, "Sharded state (JAX)".
+
+        fill_missing_chunks: eformer / zarr steps only: a chunk the store
+        lacks reads as the array's fill_value (zeros when it is null), as
+        TensorStore and zarr-python read it, instead of raising DataLoss."""
         self._check_open()
         sharding_opts = None
         if sharding is not None:
@@ -559,7 +563,8 @@ class CheckpointManager:
                 if differ:
                     raise errors.InvalidArgument("restore: like= and into= disagree: " + "; ".join(differ))
         r = self._c.restore(None if step is None else int(step), prefixes, regex, expected, bool(allow_cast),
-                            _dtype_name(float_dtype), into_list, bool(verify), sharding_opts)
+                            _dtype_name(float_dtype), into_list, bool(verify), sharding_opts,
+                            bool(fill_missing_chunks))
         restored = {(leaf[0], leaf[1]): leaf[2:] for leaf in r["leaves"]}
         as_kind = _leaves.as_kind if sharding_opts is None else _shards.restored_leaf
         metadata = json.loads(r["metadata_json"]) if r["metadata_json"] else {}

@@ -372,7 +372,7 @@ class PyManager {
   // (prefix, path, dtype, shape, device_shards_to_python(...)).
   py::dict restore(std::optional<int64_t> step, std::vector<std::string> prefixes, std::string regex,
                    const py::list& expected, bool allow_cast, std::optional<std::string> float_dtype,
-                   const py::list& into, bool verify, std::optional<py::dict> sharding) {
+                   const py::list& into, bool verify, std::optional<py::dict> sharding, bool fill_missing_chunks) {
     auto m = get();
     RestoreOptions o;
     o.select.prefixes = std::move(prefixes);
@@ -389,6 +389,7 @@ class PyManager {
     o.allow_cast = allow_cast;
     if (float_dtype) o.float_dtype = dtype_from_name(*float_dtype, "");
     o.verify = verify;
+    o.fill_missing_chunks = fill_missing_chunks;
     for (py::handle item : into) {
       auto t = py::reinterpret_borrow<py::tuple>(item);
       RestoreOptions::Destination dst;
@@ -517,7 +518,7 @@ void bind_manager(py::module_& m) {
       .def("read_index", &PyManager::read_index)
       .def("restore", &PyManager::restore, py::arg("step"), py::arg("prefixes"), py::arg("regex"),
            py::arg("expected"), py::arg("allow_cast"), py::arg("float_dtype"), py::arg("into"),
-           py::arg("verify"), py::arg("sharding") = py::none())
+           py::arg("verify"), py::arg("sharding") = py::none(), py::arg("fill_missing_chunks") = false)
       .def("verify", &PyManager::verify)
       .def("remove_step", &PyManager::remove_step)
       .def("apply_retention", &PyManager::apply_retention)

@@ -75,6 +75,21 @@ def test_restore_latest_eformer_step_whole_and_sharded(tmp_path):
     mgr.close()
 
 
+def test_a_missing_chunk_raises_unless_filled(tmp_path):
+    base = str(tmp_path / "ckpt")
+    mu = np.arange(32 * 16, dtype=np.float32).reshape(32, 16) + 1
+    write_eformer_step(base, 3, {"tx": {"mu": (mu, (16, 8), None)}})
+    os.remove(os.path.join(base, "run-3", "tx", "mu", "1.0"))  # rows [16, 32), columns [0, 8)
+    mgr = ckptio.CheckpointManager(base)
+    with pytest.raises(ckptio.DataLoss, match="chunk 1.0 is missing"):
+        mgr.restore(3)
+    got = mgr.restore(3, fill_missing_chunks=True)["tx"]["mu"]
+    want = mu.copy()
+    want[16:, :8] = 0  # fill_value null: zeros, as TensorStore and zarr-python read it
+    np.testing.assert_array_equal(got, want)
+    mgr.close()
+
+
 def test_save_in_eformer_layout_reads_back_and_in_zarr_python(tmp_path):
     base = str(tmp_path / "ckpt")
     rng = np.random.default_rng(29)

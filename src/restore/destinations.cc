@@ -25,6 +25,7 @@ Result<std::vector<const RestoreOptions::Destination*>> match_destinations(
   if (!in_order) {
     wrong_size = SIZE_MAX;
     PositionTable destinations(into.size());
+    std::vector<bool> used(into.size(), false);
     for (size_t i = 0; i < into.size(); ++i)
       destinations.slot(hash_names(into[i].prefix, into[i].path), [&](size_t j) {
         return into[j].path == into[i].path && into[j].prefix == into[i].prefix;
@@ -37,6 +38,21 @@ Result<std::vector<const RestoreOptions::Destination*>> match_destinations(
       });
       dests[i] = slot ? &into[slot - 1] : nullptr;
       if (wrong_size == SIZE_MAX && dests[i] && dests[i]->size != leaf->num_bytes()) wrong_size = i;
+      if (slot) used[slot - 1] = true;
+    }
+    // A destination no selected leaf took (a misspelt name, a leaf of another
+    // prefix or outside `select`) would leave the caller's memory as it was
+    // while the restore succeeds: refused. An earlier entry for a leaf that a
+    // later one took is not such a destination.
+    for (size_t i = 0; i < into.size(); ++i) {
+      if (used[i]) continue;
+      const size_t last = destinations.slot(hash_names(into[i].prefix, into[i].path), [&](size_t j) {
+        return into[j].path == into[i].path && into[j].prefix == into[i].prefix;
+      });
+      if (last && used[last - 1]) continue;
+      return invalid_argument("restore destination for " + into[i].prefix + "/" + into[i].path +
+                              " names no leaf this restore selected (" + std::to_string(selected.size()) +
+                              " selected); its memory would be left as it is");
     }
   }
   if (wrong_size != SIZE_MAX) {

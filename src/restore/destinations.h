@@ -14,8 +14,8 @@ namespace ckptio {
 
 // RestoreOptions::into matched to the selected leaves: per selected leaf its
 // destination or nullptr (an empty vector when `into` is empty). A later
-// entry for the same leaf wins; one whose size is not the leaf's is refused
-// (kInvalidArgument) before any read.
+// entry for the same leaf wins; one whose size is not the leaf's, or that
+// names no selected leaf, is refused (kInvalidArgument) before any read.
 Result<std::vector<const RestoreOptions::Destination*>> match_destinations(
     const std::vector<std::pair<std::string, LeafRecord*>>& selected,
     const std::vector<RestoreOptions::Destination>& into);

@@ -73,6 +73,46 @@ Status check_template(const std::vector<std::pair<std::string, LeafRecord*>>& se
   return Status(Code::kFailedPrecondition, msg);
 }
 
+// Whether this restore builds only part of a sharding whose other parts
+// other processes restore: it is one of a group (ManagerOptions::processes),
+// or restores a subset of the mesh's devices. Restore-latest must then not
+// skip a step for damage found in the data this process reads: another
+// process, reading other bytes, finds none and restores the step, and the
+// group would go on from two different steps. Damage in the index is the
+// same for all (each reads it whole), so that is still skipped.
+bool builds_part_of_a_sharding(const RestoreOptions& options, const ProcessGroup& processes) {
+  if (!options.sharding) return false;
+  if (processes.count > 1) return true;
+  const auto& s = *options.sharding;
+  return !s.devices.empty() && s.devices.size() < s.mesh.device_ids().size();
+}
+
+// Every leaf that RestoreOptions::Sharding::leaves names is one of the step's
+// (selected or not): an entry for a leaf it does not have is a misspelt
+// name, whose leaf would otherwise take a rule's spec without a word.
+Status check_sharding_names(const Index& index, const RestoreOptions& options) {
+  if (!options.sharding || options.sharding->leaves.empty()) return Status::OK();
+  std::set<std::string> unknown;
+  for (const LeafSharding& l : options.sharding->leaves) unknown.insert(l.prefix + "/" + l.path);
+  for (const PrefixRecord& p : index.prefixes)
+    for (const LeafRecord& leaf : p.leaves) {
+      if (unknown.empty()) return Status::OK();
+      unknown.erase(leaf_name(p.name, leaf));
+    }
+  if (unknown.empty()) return Status::OK();
+  std::string names;
+  size_t n = 0;
+  for (const std::string& name : unknown) {
+    if (n++ == 20) {
+      names += ", ... (" + std::to_string(unknown.size()) + " in all)";
+      break;
+    }
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  return invalid_argument("restore into a sharding: `leaves` names " + names + ", which step " +
+                          std::to_string(index.step) + " does not have");
+}
+
 }  // namespace
 
 ArenaLayout restore_arena_layout(const Index& index, uint64_t read_alignment) {
@@ -162,6 +202,12 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
         return restored;
       }
       if (options_.strict || !restored.status().data_loss()) return with_skipped(restored.status());
+      if (builds_part_of_a_sharding(options, options_.processes))
+        return with_skipped(restored.status().annotate(
+            "restore-latest: step " + std::to_string(it->step) +
+            " is damaged in the bytes this process reads, which the group's other processes may not "
+            "read; not skipped in a restore of part of a sharding, so that they do not restore "
+            "different steps (docs/multiprocess.md, \"Restore-latest across processes\")"));
       skip(it->step, restored.status());
     }
     if (pass == 1) break;
@@ -211,6 +257,7 @@ Result<RestoredState> CheckpointManager::Impl::restore_index_taking_memory(Index
       if (!re || RE2::PartialMatch(leaf.path, *re)) selected.emplace_back(p.name, &leaf);
   }
   CKPTIO_RETURN_IF_ERROR(check_template(selected, options));
+  CKPTIO_RETURN_IF_ERROR(check_sharding_names(index, options));
 
   if (index.layout == zarr::kEformerLayout) {  // zarr chunks (src/restore/restore_zarr.cc)
     RestoredState out;

@@ -319,36 +319,128 @@ Status add_read(const ZLeaf& L, const std::string& step_dir, ChunkJob&& j, std::
   return Status::OK();
 }
 
+// Beyond this many chunks overlapping a leaf's targets, only the stored
+// chunks are walked, and the missing ones are counted from the grid: a
+// .zarray may declare a grid of a billion 1-byte chunks and store a few,
+// and a plan entry per missing chunk (some 100 bytes each) would take many
+// times the leaf's own memory before the restore found out.
+constexpr uint64_t kWalkChunks = 1 << 20;
+
+// Chunks a restore needs and the store lacks: the first few (for the error
+// and, when every missing chunk has one, to fill each), and how many in all.
+struct Missing {
+  std::vector<ChunkJob> jobs;    // every missing chunk, or (counted) only the first
+  uint64_t count = 0;            // (chunk, target) pairs where counted from the grid
+  std::vector<std::pair<uint32_t, uint32_t>> fill_targets;  // (leaf, target): fill whole first
+};
+
+bool in_range(const zarr::ChunkRange& r, std::span<const uint64_t> idx) {
+  for (size_t d = 0; d < idx.size(); ++d)
+    if (idx[d] < r.first[d] || idx[d] >= r.last[d]) return false;
+  return true;
+}
+
+// The first chunk of `r` (C order) that is not in `stored` (sorted ranks):
+// walks at most stored.size() + 1 positions.
+std::vector<uint64_t> first_missing(const zarr::ZArray& z, const zarr::ChunkRange& r,
+                                    const std::vector<std::pair<uint64_t, const ShardRecord*>>& stored) {
+  if (r.count == 0) return {};
+  std::vector<uint64_t> idx = r.first;
+  for (;;) {
+    const uint64_t rank = chunk_rank(z, idx);
+    auto it = std::lower_bound(stored.begin(), stored.end(), std::make_pair(rank, static_cast<const ShardRecord*>(nullptr)));
+    if (it == stored.end() || it->first != rank) return idx;
+    size_t d = idx.size();  // the next position in C order
+    while (d > 0) {
+      --d;
+      if (++idx[d] < r.last[d]) break;
+      idx[d] = r.first[d];
+      if (d == 0) return {};  // every position stored: not reached when chunks are missing
+    }
+    if (idx.empty()) return {};
+  }
+}
+
 // The chunks each leaf's targets overlap, in leaf order then C order: jobs
-// for those the store holds (with reads) come first in `jobs`; missing
-// ones are appended to `missing`.
+// for those the store holds (with reads) come first in `jobs`; the missing
+// ones go to `missing`.
 Status plan_chunks(std::vector<ZLeaf>& leaves, const std::string& step_dir, std::vector<ChunkJob>* jobs,
-                   std::vector<ChunkJob>* missing, std::vector<std::string>* keys, std::vector<ExecRead>* reads) {
+                   Missing* missing, std::vector<std::string>* keys, std::vector<ExecRead>* reads) {
   for (uint32_t l = 0; l < leaves.size(); ++l) {
     ZLeaf& L = leaves[l];
     const auto stored = stored_chunks(L);
+    std::vector<zarr::ChunkRange> ranges;
+    uint64_t overlapping = 0;
+    for (const Box& target : L.targets) {
+      auto range = zarr::chunks_overlapping(L.z, target);
+      if (!range.ok()) return range.status().annotate(L.name);
+      if (__builtin_add_overflow(overlapping, range->count, &overlapping)) overlapping = UINT64_MAX;
+      ranges.push_back(std::move(*range));
+    }
+    const bool walk = overlapping <= kWalkChunks;
     // Chunk -> the targets it overlaps.
     std::vector<std::pair<uint64_t, uint32_t>> needs;  // (chunk rank, target)
-    for (uint32_t t = 0; t < L.targets.size(); ++t) {
-      auto range = zarr::chunks_overlapping(L.z, L.targets[t]);
-      if (!range.ok()) return range.status().annotate(L.name);
-      zarr::for_each_chunk(*range, [&](std::span<const uint64_t> idx) { needs.emplace_back(chunk_rank(L.z, idx), t); });
+    if (walk) {
+      for (uint32_t t = 0; t < ranges.size(); ++t)
+        zarr::for_each_chunk(ranges[t], [&](std::span<const uint64_t> idx) { needs.emplace_back(chunk_rank(L.z, idx), t); });
+    } else {  // the stored chunks only (the index lists each), in rank order
+      for (const auto& [r, shard] : stored) {
+        const std::vector<uint64_t> idx = chunk_index(L.z, r);
+        for (uint32_t t = 0; t < ranges.size(); ++t)
+          if (in_range(ranges[t], idx)) needs.emplace_back(r, t);
+      }
     }
     std::sort(needs.begin(), needs.end());
+    std::vector<uint64_t> stored_in(ranges.size(), 0);  // per target (counted path)
     for (size_t k = 0; k < needs.size();) {
       ChunkJob j;
       j.leaf = l;
       const uint64_t r = needs[k].first;
-      for (; k < needs.size() && needs[k].first == r; ++k) j.targets.push_back(needs[k].second);
+      for (; k < needs.size() && needs[k].first == r; ++k) {
+        j.targets.push_back(needs[k].second);
+        ++stored_in[needs[k].second];
+      }
       j.index = chunk_index(L.z, r);
       auto it = std::lower_bound(stored.begin(), stored.end(), std::make_pair(r, static_cast<const ShardRecord*>(nullptr)));
       if (it != stored.end() && it->first == r) {
         j.shard = it->second;
         CKPTIO_RETURN_IF_ERROR(add_read(L, step_dir, std::move(j), jobs, keys, reads));
       } else {
-        missing->push_back(std::move(j));
+        missing->jobs.push_back(std::move(j));
+        ++missing->count;
       }
     }
+    if (walk) continue;
+    // Counted: each target with missing chunks is filled whole before the
+    // stored chunks are decoded over it; the first missing one names them.
+    for (uint32_t t = 0; t < ranges.size(); ++t) {
+      if (ranges[t].count == stored_in[t]) continue;
+      missing->count += ranges[t].count - stored_in[t];
+      missing->fill_targets.emplace_back(l, t);
+      if (missing->jobs.empty()) {
+        ChunkJob j;
+        j.leaf = l;
+        j.index = first_missing(L.z, ranges[t], stored);
+        missing->jobs.push_back(std::move(j));
+      }
+    }
+  }
+  return Status::OK();
+}
+
+// Fills a whole target with the leaf's fill value (zeros when it has none),
+// through the leaf's cast: a leaf whose missing chunks were counted, not
+// listed, before the stored ones are decoded over it.
+Status fill_target(const ZLeaf& L, uint32_t t) {
+  const size_t item = dtype_size(L.z.dtype);
+  const uint64_t in_bytes = *checked_num_bytes(L.targets[t], item);  // its buffer was allocated
+  if (in_bytes == 0) return Status::OK();
+  std::vector<std::byte> pattern(std::min<uint64_t>(in_bytes, 64 * 1024) / item * item);
+  if (!L.fill.empty())
+    for (uint64_t at = 0; at + item <= pattern.size(); at += item) std::memcpy(pattern.data() + at, L.fill.data(), item);
+  for (uint64_t at = 0; at < in_bytes; at += pattern.size()) {
+    const uint64_t n = std::min<uint64_t>(pattern.size(), in_bytes - at);
+    CKPTIO_RETURN_IF_ERROR(L.transform.apply(pattern.data(), L.target_ptrs[t] + L.transform.out_offset(at), n));
   }
   return Status::OK();
 }
@@ -449,16 +541,26 @@ Status restore_zarr(Storage& storage, const std::string& step_dir, int64_t step,
     out->leaves.push_back(std::move(t));
   }
 
-  std::vector<ChunkJob> jobs, missing;
+  std::vector<ChunkJob> jobs;
+  Missing missing;
   std::vector<std::string> keys;
   std::vector<ExecRead> reads;
   CKPTIO_RETURN_IF_ERROR(plan_chunks(leaves, step_dir, &jobs, &missing, &keys, &reads));
-  if (!missing.empty() && !options.fill_missing_chunks) {
-    const ChunkJob& j = missing.front();
+  if (missing.count && !options.fill_missing_chunks) {
+    const ChunkJob& j = missing.jobs.front();
     return data_loss("restore " + leaves[j.leaf].name + " of step " + std::to_string(step) + ": chunk " +
                      zarr::chunk_key(leaves[j.leaf].z, j.index) + " is missing at " + storage.describe() + "/" +
-                     step_dir + (missing.size() > 1 ? " (and " + std::to_string(missing.size() - 1) + " more)" : "") +
+                     step_dir + (missing.count > 1 ? " (and " + std::to_string(missing.count - 1) + " more)" : "") +
                      "; restore with fill_missing_chunks to read missing chunks as the array's fill value");
+  }
+  // Leaves with too many missing chunks to list: filled whole, here, before
+  // any chunk is decoded into them; their missing jobs are not decoded.
+  for (const auto& [l, t] : missing.fill_targets) CKPTIO_RETURN_IF_ERROR(fill_target(leaves[l], t));
+  if (!missing.fill_targets.empty()) {
+    std::erase_if(missing.jobs, [&](const ChunkJob& j) {
+      return std::any_of(missing.fill_targets.begin(), missing.fill_targets.end(),
+                         [&](const auto& lt) { return lt.first == j.leaf; });
+    });
   }
   uint64_t to_read = 0;
   for (const ExecRead& r : reads) to_read += r.length;
@@ -471,7 +573,7 @@ Status restore_zarr(Storage& storage, const std::string& step_dir, int64_t step,
 
   ProgressReport progress(options.on_progress, to_read);
   ZarrConsumer consumer(storage, step, leaves, jobs, keys, progress, /*verify=*/false, options.prefault);
-  for (ChunkJob& j : missing)
+  for (ChunkJob& j : missing.jobs)
     consumer.crew().submit([&consumer, &j](zarr::ChunkDecoder& d, std::vector<std::byte>& s, bool skip) {
       return skip ? Status::OK() : consumer.decode(j, d, s);
     });

@@ -45,6 +45,7 @@ Status Status::from_errno(int err, const std::string& what) {
     case EINVAL: case ENAMETOOLONG: case ENOTDIR: case EISDIR: c = Code::kInvalidArgument; break;
     case EAGAIN: case EINTR: case ETIMEDOUT: c = Code::kUnavailable; break;
     case ENOSYS: case EOPNOTSUPP: c = Code::kUnimplemented; break;
+    case ENOMEM: c = Code::kResourceExhausted; break;  // the kernel's memory (io_uring rings, locked pages)
     default: c = Code::kIOError; break;
   }
   return Status(c, what + ": " + std::strerror(err));

@@ -38,6 +38,7 @@
 #include "src/transform/cast.h"
 #include "src/util/populate.h"
 #include "testutil/backend_fixture.h"
+#include "testutil/fork_safety.h"
 #include "testutil/owned_leaves.h"
 #include "testutil/random_bytes.h"
 #include "testutil/resident.h"
@@ -918,7 +919,10 @@ TEST(PrepareStaging, TheFirstSaveCopiesIntoBuffersAlreadyResident) {
   std::printf("resident memory added by the first save of %llu MiB: %.1f MiB after prepare_staging, %.1f without\n",
               static_cast<unsigned long long>(bytes >> 20), with / 1048576.0, without / 1048576.0);
   EXPECT_GT(without, bytes / 2) << "the control: a first save into fresh buffers";
-  EXPECT_LT(with, bytes / 8) << "resident memory added by the first save after prepare_staging";
+  // Under ASan the copy also touches the shadow of what it writes, one byte
+  // per eight: 8.6 MiB of 64 on a PVM guest, where the bound alone failed.
+  const uint64_t shadow = testutil::under_address_sanitizer() ? bytes / 8 : 0;
+  EXPECT_LT(with, bytes / 8 + shadow) << "resident memory added by the first save after prepare_staging";
   // Borrow mode has nothing to prepare.
   ManagerOptions b;
   b.staging = StagingMode::kBorrow;

@@ -11,7 +11,7 @@
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 #include <utility>
 
 #include "backends/s3/http_client.h"
@@ -259,7 +259,7 @@ void CredentialProvider::run() {
       last_error_.clear();
       retry_at.reset();
       fetched_at = now;
-      spdlog::debug("ckptio: S3 credentials from {} renewed; they expire at {}", source_,
+      logging::debug("ckptio: S3 credentials from {} renewed; they expire at {}", source_,
                     current_.expiration ? utc_text(*current_.expiration) : std::string("never"));
     } else {
       ++failed_;
@@ -268,7 +268,7 @@ void CredentialProvider::run() {
       const double left = duration<double>(exp - now).count();
       const double wait = left > 0 ? std::max(0.2, std::min(options_.retry_after_s, left / 4)) : options_.retry_after_s;
       retry_at = now + seconds(wait);
-      spdlog::warn("ckptio: renewing S3 credentials from {} failed ({}); the current set expires at {}; "
+      logging::warn("ckptio: renewing S3 credentials from {} failed ({}); the current set expires at {}; "
                    "next try in {:.1f} s",
                    source_, last_error_, utc_text(exp), wait);
     }

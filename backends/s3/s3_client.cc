@@ -1,7 +1,7 @@
 #include "backends/s3/s3_client.h"
 
 #include <curl/curl.h>
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include <cctype>
 #include <future>
@@ -64,7 +64,7 @@ bool S3Client::follow_region(const std::string& region) {
     if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
   std::lock_guard lock(region_mu_);
   if (region == region_) return true;  // another request switched already
-  spdlog::warn("ckptio: s3://{} is in region {}, not {}: switching (set AWS_REGION={} or --s3-region {} "
+  logging::warn("ckptio: s3://{} is in region {}, not {}: switching (set AWS_REGION={} or --s3-region {} "
                "to save the extra request)",
                bucket_, region, region_, region, region);
   region_ = region;

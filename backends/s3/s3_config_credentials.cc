@@ -3,7 +3,7 @@
 // each temporary source starts a CredentialProvider (credentials.h) that
 // fetches the first set now and renews it later. Then whether requests are
 // signed at all.
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include <charconv>
 #include <chrono>
@@ -235,7 +235,7 @@ Status from_instance_metadata(const ConfigSources& src, const std::string& s3_en
     found.adopt(std::move(*p), "instance metadata " + ep);
   } else {
     // Not on EC2, or no role: as the SDKs, go on to the next rule.
-    spdlog::debug("ckptio: no credentials from instance metadata: {}", p.status().to_string());
+    logging::debug("ckptio: no credentials from instance metadata: {}", p.status().to_string());
   }
   return Status::OK();
 }

@@ -4,7 +4,7 @@
 // handed to a program that loads the backend on demand by module/s3_module.cc.
 #include <string>
 
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include "backends/s3/s3_config.h"
 #include "backends/s3/s3_storage.h"
@@ -60,7 +60,7 @@ Result<std::shared_ptr<Storage>> open_s3_uri(const std::string& uri, const Stora
   CKPTIO_ASSIGN_OR_RETURN(const S3Uri where, parse_s3_uri(uri));
   ov.bucket = where.bucket;  // a dotted bucket goes path style under "auto"
   CKPTIO_ASSIGN_OR_RETURN(S3Config config, resolve_s3_config(ov));
-  spdlog::debug("ckptio: {}: {}", uri, config.describe_redacted());
+  logging::debug("ckptio: {}: {}", uri, config.describe_redacted());
   CKPTIO_ASSIGN_OR_RETURN(auto storage, make_s3_storage(uri, config));
   return std::shared_ptr<Storage>(std::move(storage));
 }

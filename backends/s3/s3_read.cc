@@ -2,7 +2,7 @@
 // (read_plan.h), written straight into the caller's buffers; an object read
 // by several GETs is HEADed first so that its GETs carry If-Match on one
 // version. s3_storage.h states the protocol; stat() uses the HEAD here too.
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include <charconv>
 #include <condition_variable>
@@ -94,7 +94,7 @@ Status S3StorageImpl::read(std::span<const ReadRequest> requests) {
   }
   // 2. The GETs.
   Waiter w;
-  spdlog::debug("ckptio: s3 read of {} ranges: {} GETs, {} HEADs", requests.size(), gets.size(), heads.size());
+  logging::debug("ckptio: s3 read of {} ranges: {} GETs, {} HEADs", requests.size(), gets.size(), heads.size());
   for (RangedGet& g : gets) {
     auto head = heads.find(g.key);
     const bool lone = head == heads.end();  // the object's only GET

@@ -4,7 +4,7 @@
 // (s3_storage_internal.h); s3_storage.h states the protocols.
 #include "backends/s3/s3_storage.h"
 
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include <mutex>
 
@@ -33,7 +33,7 @@ Status S3StorageImpl::put_new(const std::string& key, std::span<const std::byte>
   if (st.code() == Code::kUnimplemented) {
     static std::once_flag warned;
     std::call_once(warned, [this, &st = st] {  // (a named capture: clang 14 cannot capture a structured binding)
-      spdlog::warn("ckptio: {} refuses conditional PUTs ({}): a step's index is written after a check "
+      logging::warn("ckptio: {} refuses conditional PUTs ({}): a step's index is written after a check "
                    "instead, which two writers of the same step could both pass",
                    client_.describe(""), st.to_string());
     });

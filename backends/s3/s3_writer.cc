@@ -2,7 +2,7 @@
 // object of at most one part) or a multipart upload (CreateMultipartUpload,
 // an UploadPart per part_size slice, CompleteMultipartUpload, and
 // AbortMultipartUpload on any failure). s3_storage.h states the protocol.
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -168,7 +168,7 @@ class S3Writer : public WritableObject {
       if (err && err->code == "NoSuchUpload") {
         Status ours = check_completed(final_size, n);
         if (ours.ok()) {
-          spdlog::info("ckptio: {}: a retried CompleteMultipartUpload found no such upload; the object is "
+          logging::info("ckptio: {}: a retried CompleteMultipartUpload found no such upload; the object is "
                        "there, complete: an earlier attempt completed it",
                        c_.describe(key_));
           return Status::OK();
@@ -279,7 +279,7 @@ class S3Writer : public WritableObject {
     op.key = key_;
     Status st = c_.execute_sync(std::move(op)).first;
     if (!st.ok() && st.code() != Code::kNotFound)
-      spdlog::warn("ckptio: delete of aborted object {} failed ({}); gc removes it later",
+      logging::warn("ckptio: delete of aborted object {} failed ({}); gc removes it later",
                    c_.describe(key_), st.to_string());
   }
 
@@ -292,7 +292,7 @@ class S3Writer : public WritableObject {
     op.query = {{"uploadId", upload_id_}};
     Status st = c_.execute_sync(std::move(op)).first;
     if (!st.ok() && st.code() != Code::kNotFound)
-      spdlog::warn("ckptio: abort of multipart upload {} failed ({}); gc removes it later",
+      logging::warn("ckptio: abort of multipart upload {} failed ({}); gc removes it later",
                    c_.describe(key_), st.to_string());
   }
 

@@ -1,5 +1,5 @@
 // Discovery: the committed steps of a base, and the index of each.
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include <algorithm>
 #include <functional>
@@ -98,14 +98,14 @@ Result<std::vector<int64_t>> CheckpointManager::Impl::committed_steps(bool parse
     auto index = load_index(it->name);
     if (!index.ok()) {
       if (owner->options().strict || !index.status().data_loss()) return index.status();
-      spdlog::warn("ckptio: skipping step {}: {}", it->step, index.status().to_string());
+      logging::warn("ckptio: skipping step {}: {}", it->step, index.status().to_string());
       continue;
     }
     if (!index->has_value()) {  // no index: not committed; damage on POSIX
       Status why = missing_index(it->name, it->step);
       if (why.code() == Code::kNotFound) continue;
       if (owner->options().strict || !why.data_loss()) return why;
-      spdlog::warn("ckptio: skipping step {}: {}", it->step, why.to_string());
+      logging::warn("ckptio: skipping step {}: {}", it->step, why.to_string());
       continue;
     }
     steps.push_back(it->step);

@@ -1,5 +1,5 @@
 // gc: what failed and abandoned saves left behind, removed.
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include <algorithm>
 #include <cctype>
@@ -130,7 +130,7 @@ Status CheckpointManager::Impl::gc(const GcOptions& options) {
   // not in flight here that began long enough ago.
   auto unfinished = storage.list_unfinished("");
   if (unfinished.status().code() == Code::kUnimplemented) {
-    spdlog::warn("ckptio: gc cannot list unfinished uploads at {}: {}", storage.describe(),
+    logging::warn("ckptio: gc cannot list unfinished uploads at {}: {}", storage.describe(),
                  unfinished.status().to_string());
     return first;
   }

@@ -11,7 +11,7 @@
 //   restore, verify              src/restore/
 #include "ckptio/manager.h"
 
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include <algorithm>
 #include <bit>
@@ -53,7 +53,7 @@ CheckpointManager::CheckpointManager(std::shared_ptr<Storage> storage, ManagerOp
     : storage_(std::move(storage)), options_(std::move(options)), impl_(std::make_unique<Impl>()) {
   auto naming = StepNaming::make(options_.step_format);
   if (!naming.ok()) {
-    spdlog::error("ckptio: {}; using run-{{step}}", naming.status().to_string());
+    logging::error("ckptio: {}; using run-{{step}}", naming.status().to_string());
     options_.step_format = "run-{step}";
     naming = StepNaming::make(options_.step_format);
   }

@@ -9,7 +9,7 @@
 // counts, src/restore/damage.h), recording it in RestoredState::skipped; strict mode
 // and every other error stop there.
 #include <re2/re2.h>
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include <algorithm>
 #include <chrono>
@@ -36,6 +36,18 @@ std::string leaf_name(const std::string& prefix, const LeafRecord& leaf) {
   return prefix + "/" + leaf.path;
 }
 
+// Up to `most` names joined by ", ", then how many there are in all.
+template <typename Names>
+std::string join_names(const Names& names, size_t most) {
+  std::string s;
+  size_t n = 0;
+  for (const std::string& name : names) {
+    if (n++ == most) return s + ", ... (" + std::to_string(names.size()) + " in all)";
+    s += (n > 1 ? ", " : "") + name;
+  }
+  return s;
+}
+
 Status check_template(const std::vector<std::pair<std::string, LeafRecord*>>& selected,
                       const RestoreOptions& options) {
   if (options.expected.empty()) return Status::OK();
@@ -59,12 +71,7 @@ Status check_template(const std::vector<std::pair<std::string, LeafRecord*>>& se
   for (const auto& [name, leaf] : saved)
     if (!expected_names.count(name)) unexpected.push_back(name);
   if (missing.empty() && unexpected.empty() && mismatched.empty()) return Status::OK();
-  auto join = [](const std::vector<std::string>& v) {
-    std::string s;
-    for (size_t i = 0; i < v.size() && i < 50; ++i) s += (i ? ", " : "") + v[i];
-    if (v.size() > 50) s += ", ... (" + std::to_string(v.size()) + " in all)";
-    return s;
-  };
+  auto join = [](const std::vector<std::string>& v) { return join_names(v, 50); };
   std::string msg = "state does not match the template:";
   if (!missing.empty()) msg += " missing leaves [" + join(missing) + "];";
   if (!unexpected.empty()) msg += " unexpected leaves [" + join(unexpected) + "];";
@@ -100,16 +107,7 @@ Status check_sharding_names(const Index& index, const RestoreOptions& options) {
       unknown.erase(leaf_name(p.name, leaf));
     }
   if (unknown.empty()) return Status::OK();
-  std::string names;
-  size_t n = 0;
-  for (const std::string& name : unknown) {
-    if (n++ == 20) {
-      names += ", ... (" + std::to_string(unknown.size()) + " in all)";
-      break;
-    }
-    names += (names.empty() ? "" : ", ") + name;
-  }
-  return invalid_argument("restore into a sharding: `leaves` names " + names + ", which step " +
+  return invalid_argument("restore into a sharding: `leaves` names " + join_names(unknown, 20) + ", which step " +
                           std::to_string(index.step) + " does not have");
 }
 
@@ -167,7 +165,7 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
     return st.annotate("restore-latest, after skipping damaged step(s) " + steps);
   };
   auto skip = [&](int64_t s, const Status& st) {
-    spdlog::warn("ckptio: restore-latest skips damaged step {}: {}", s, st.to_string());
+    logging::warn("ckptio: restore-latest skips damaged step {}: {}", s, st.to_string());
     skipped.push_back(SkippedStep{s, st});
   };
   // Nothing restored from the steps listed: a step committed since is tried
@@ -196,7 +194,7 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
       auto restored = with_index_time(impl_->restore_index(**loaded, options), t0, t1);
       if (restored.ok()) {
         if (!skipped.empty())
-          spdlog::warn("ckptio: restore-latest restored step {} after skipping {} damaged newer step(s)",
+          logging::warn("ckptio: restore-latest restored step {} after skipping {} damaged newer step(s)",
                        it->step, skipped.size());
         restored->skipped = std::move(skipped);
         return restored;

@@ -20,7 +20,7 @@
 
 #include "src/restore/restore_sharded.h"
 
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include <algorithm>
 #include <atomic>
@@ -157,7 +157,7 @@ Status replan_overlapping(const PlanOptions& po, std::vector<LeafJob>* jobs) {
     ++replanned;
   }
   if (replanned > 0)
-    spdlog::debug("ckptio: {} of {} leaves planned again without gaps (their reads overlapped other leaves')",
+    logging::debug("ckptio: {} of {} leaves planned again without gaps (their reads overlapped other leaves')",
                   replanned, jobs->size());
   return Status::OK();
 }
@@ -305,7 +305,7 @@ std::vector<ExecRead> executor_reads(const std::vector<LeafJob>& jobs, bool obje
       f.filler = true;
       fillers[g.batch].push_back(f);
     }
-    spdlog::debug("ckptio: bridging {} of {} gaps between reads ({} bytes; budget {})", joins,
+    logging::debug("ckptio: bridging {} of {} gaps between reads ({} bytes; budget {})", joins,
                   candidates.size(), bridged, budget);
     out->stats.bytes_read += bridged;
     // Requests: the contiguous ranges asked for; each bridged gap and each
@@ -450,7 +450,7 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
   CKPTIO_RETURN_IF_ERROR(replan_overlapping(po, &jobs));
   prepare_targets(align, options.verify, &jobs, out);
   if (out->stats.pieces_unverified > 0)
-    spdlog::debug("ckptio: restore of step {} into a sharding: {} saved shards read only in part ({} bytes), "
+    logging::debug("ckptio: restore of step {} into a sharding: {} saved shards read only in part ({} bytes), "
                   "not verified against their checksums", step, out->stats.pieces_unverified,
                   out->stats.bytes_unverified);
 

@@ -344,21 +344,15 @@ bool in_range(const zarr::ChunkRange& r, std::span<const uint64_t> idx) {
 // walks at most stored.size() + 1 positions.
 std::vector<uint64_t> first_missing(const zarr::ZArray& z, const zarr::ChunkRange& r,
                                     const std::vector<std::pair<uint64_t, const ShardRecord*>>& stored) {
-  if (r.count == 0) return {};
-  std::vector<uint64_t> idx = r.first;
-  for (;;) {
+  std::vector<uint64_t> found;
+  zarr::for_each_chunk(r, [&](std::span<const uint64_t> idx) {
     const uint64_t rank = chunk_rank(z, idx);
     auto it = std::lower_bound(stored.begin(), stored.end(), std::make_pair(rank, static_cast<const ShardRecord*>(nullptr)));
-    if (it == stored.end() || it->first != rank) return idx;
-    size_t d = idx.size();  // the next position in C order
-    while (d > 0) {
-      --d;
-      if (++idx[d] < r.last[d]) break;
-      idx[d] = r.first[d];
-      if (d == 0) return {};  // every position stored: not reached when chunks are missing
-    }
-    if (idx.empty()) return {};
-  }
+    if (it != stored.end() && it->first == rank) return true;
+    found.assign(idx.begin(), idx.end());
+    return false;
+  });
+  return found;
 }
 
 // The chunks each leaf's targets overlap, in leaf order then C order: jobs

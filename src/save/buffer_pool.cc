@@ -7,7 +7,7 @@
 
 #include <sys/mman.h>
 
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include "src/util/populate.h"
 
@@ -59,7 +59,7 @@ std::byte* BufferPool::acquire() {
 void BufferPool::refused_locked(std::vector<std::byte*>* unmap) {
   const uint64_t ceiling = allocated_ > 1 ? allocated_ - 1 : 1;
   if (ceiling < ceiling_)
-    spdlog::warn("ckptio: the system refused a staging buffer of {} bytes; saves go on with {} of {}", chunk_,
+    logging::warn("ckptio: the system refused a staging buffer of {} bytes; saves go on with {} of {}", chunk_,
                  ceiling, capacity_);
   ceiling_ = std::min(ceiling_, ceiling);
   while (allocated_ > ceiling_ && !free_.empty()) {

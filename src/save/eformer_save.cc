@@ -8,7 +8,7 @@
 // once the writer has read every shard, before the commit; copy mode
 // released them when save() returned (make_eformer_job copied them).
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include <algorithm>
 #include <chrono>
@@ -137,7 +137,7 @@ void CheckpointManager::Impl::run_eformer_job(SaveJob& job) {
   release();
   if (!st.ok()) {
     st = st.annotate("save step " + std::to_string(job.step) + " (eformer layout)");
-    spdlog::error("ckptio: {}", st.to_string());
+    logging::error("ckptio: {}", st.to_string());
   }
   stats.stall_seconds = job.stall_seconds;
   stats.total_seconds = std::chrono::duration<double>(Clock::now() - job.started).count();

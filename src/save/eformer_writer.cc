@@ -3,7 +3,7 @@
 #include "src/save/eformer_writer_impl.h"
 
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include <algorithm>
 #include <chrono>
@@ -187,7 +187,7 @@ Status EformerStepWriter::Impl::start_threads() {
       for (; got < n; ++got) threads.emplace_back([this, loop] { (this->*loop)(); });
     } catch (const std::exception&) {  // std::system_error (EAGAIN), std::bad_alloc
     }
-    if (got < n && got > 0) spdlog::warn("ckptio: the eformer writer got {} of {} threads", got, n);
+    if (got < n && got > 0) logging::warn("ckptio: the eformer writer got {} of {} threads", got, n);
     return got;
   };
   if (start(enc, &Impl::encoder_loop) == 0 || start(io, &Impl::io_loop) == 0) {

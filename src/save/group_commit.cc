@@ -28,7 +28,7 @@
 // attempt: its names are attempt-unique.
 #include "src/save/group_commit.h"
 
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include <algorithm>
 #include <charconv>
@@ -224,12 +224,12 @@ void announce_outcome(const GroupSave& g, const Status& outcome) {
     Status st = g.storage.put(key_in(g, failure_name(g.paths.attempt)),
                               std::span<const std::byte>(reinterpret_cast<const std::byte*>(text.data()),
                                                          text.size()));
-    if (!st.ok()) spdlog::warn("ckptio: could not record the failure of step {} for the other processes: {}",
+    if (!st.ok()) logging::warn("ckptio: could not record the failure of step {} for the other processes: {}",
                                g.step, st.to_string());
   }
   if (g.group.barrier) {
     Status b = barrier_wait(g, "decided");
-    if (!b.ok()) spdlog::warn("ckptio: barrier {}: {}", barrier_name(g, "decided"), b.to_string());
+    if (!b.ok()) logging::warn("ckptio: barrier {}: {}", barrier_name(g, "decided"), b.to_string());
   }
   if (outcome.ok()) {  // the manifests served their purpose
     for (int i = 0; i < g.group.count; ++i)

@@ -23,7 +23,7 @@
 // now: direct writes read them until they complete); finish() (fsync); write
 // the index (prepare_index.cc, alongside the writes) and commit (commit.cc;
 // a multi-process save through group_commit.cc); run the callback; retention.
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include <memory>
 #include <mutex>
@@ -135,7 +135,7 @@ void discard_failed(Storage& storage, const SaveJob& job, bool outcome_unknown) 
 template <typename F>
 void run_callback(const char* name, int64_t step, F&& call) {
   Status st = call_callback(name, std::forward<F>(call));
-  if (!st.ok()) spdlog::error("ckptio: step {}: {}", step, st.message());
+  if (!st.ok()) logging::error("ckptio: step {}: {}", step, st.message());
 }
 
 }  // namespace
@@ -189,9 +189,9 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
   if (!st.ok()) {
     discard_failed(storage, job, outcome_unknown);
     st = st.annotate("save step " + std::to_string(job.step));
-    spdlog::error("ckptio: {}", st.to_string());
+    logging::error("ckptio: {}", st.to_string());
   } else {
-    spdlog::debug("ckptio: committed step {} ({} bytes)", job.step, stats.bytes);
+    logging::debug("ckptio: committed step {} ({} bytes)", job.step, stats.bytes);
   }
   stats.stall_seconds = job.stall_seconds;
   stats.total_seconds = seconds_since(job.started);
@@ -233,7 +233,7 @@ void CheckpointManager::Impl::finish_job(SaveJob& job, const Status& st, const S
   r.after_step = job.step;
   std::vector<std::string> reap;
   r.status = retain(options.max_to_keep, options.keep_every, &r.deleted, &reap);
-  if (!r.status.ok()) spdlog::warn("ckptio: retention after step {}: {}", job.step, r.status.to_string());
+  if (!r.status.ok()) logging::warn("ckptio: retention after step {}: {}", job.step, r.status.to_string());
   if (!reap.empty()) {
     {
       std::lock_guard lock(mu);
@@ -264,7 +264,7 @@ void CheckpointManager::Impl::reap_loop() {
     // .del- directory, or objects no index references), never a step.
     Status st = owner->storage().remove_prefix(prefix);
     if (!st.ok())
-      spdlog::warn("ckptio: retention: removing {}: {} (gc removes what is left)", prefix, st.to_string());
+      logging::warn("ckptio: retention: removing {}: {} (gc removes what is left)", prefix, st.to_string());
     {
       std::lock_guard lock(mu);
       --reaping;

@@ -1,7 +1,7 @@
 // save() on the caller's thread: checks, an in-flight slot, the job planned
 // and queued for the worker, and in copy mode the copy into the pool (the
 // whole pipeline is described at the top of pipeline.cc).
-#include <spdlog/spdlog.h>
+#include "src/util/log.h"
 
 #include <algorithm>
 #include <chrono>
@@ -119,7 +119,7 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
     const Status refused = h.status().annotate("save() refused it");
     if (group.index == 0) announce_outcome(g, refused);
     else if (Status st = publish_manifest(g, Index{}, refused); !st.ok())
-      spdlog::warn("ckptio: could not tell the other processes that save() of step {} was refused: {}", step,
+      logging::warn("ckptio: could not tell the other processes that save() of step {} was refused: {}", step,
                    st.to_string());
   }
   return h;

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ckptio/status.h"
@@ -75,13 +76,18 @@ Shape regular_chunk_shape(const Shape& shape, const Shards& shards) {
 
 // Calls f(index) for every grid position of `range`, in C order (the last
 // dimension fastest), with `index` a span of rank entries valid during the call.
+// An f that returns bool stops the walk by returning false.
 template <typename F>
 void for_each_chunk(const ChunkRange& range, F&& f) {
   if (range.count == 0) return;
   const size_t rank = range.first.size();
   std::vector<uint64_t> idx = range.first;
   for (;;) {
-    f(std::span<const uint64_t>(idx));
+    if constexpr (std::is_same_v<std::invoke_result_t<F&, std::span<const uint64_t>>, bool>) {
+      if (!f(std::span<const uint64_t>(idx))) return;
+    } else {
+      f(std::span<const uint64_t>(idx));
+    }
     size_t d = rank;
     while (d > 0) {
       --d;

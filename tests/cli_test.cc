@@ -259,6 +259,19 @@ std::string data_file_of(const std::string& step_dir) {
   return "";
 }
 
+// The library's log (src/util/log.h) reaches stderr through the CLI's
+// logger, at the level --log-level chooses (default warn).
+TEST_F(CliTest, TheLibrarysLogReachesStderrAtTheChosenLevel) {
+  CliResult quiet = run({"synth", "save", dir_, "--step", "1", "--bytes", "64KiB", "--leaves", "3"});
+  EXPECT_EQ(quiet.err.find("committed step"), std::string::npos) << quiet.err;
+  CliResult loud = run({"--log-level", "debug", "synth", "save", dir_, "--step", "2", "--bytes", "64KiB",
+                        "--leaves", "3"});
+  EXPECT_NE(loud.err.find("[debug] ckptio: committed step 2 ("), std::string::npos) << loud.err;
+  CliResult off = run({"--log-level", "off", "synth", "save", dir_, "--step", "3", "--bytes", "64KiB",
+                       "--leaves", "3"});
+  EXPECT_EQ(off.err.find("committed step"), std::string::npos) << off.err;
+}
+
 TEST_F(CliTest, SynthCheckSkipsDamagedStepsAndSaysSoUnlessStrict) {
   synth_save(1, "256KiB", 5);
   synth_save(2, "256KiB", 5);

@@ -422,6 +422,13 @@ TEST(ZArray, ChunkGeometry) {
   std::vector<std::string> keys;
   for_each_chunk(*r, [&](std::span<const uint64_t> i) { keys.push_back(chunk_key(*a, i)); });
   EXPECT_EQ(keys, (std::vector<std::string>{"0.0", "0.1", "1.0", "1.1"}));
+  // A callback returning bool stops the walk by returning false.
+  keys.clear();
+  for_each_chunk(*r, [&](std::span<const uint64_t> i) {
+    keys.push_back(chunk_key(*a, i));
+    return keys.size() < 3;
+  });
+  EXPECT_EQ(keys, (std::vector<std::string>{"0.0", "0.1", "1.0"}));
   auto empty = chunks_overlapping(*a, Box{{3, 2}, {3, 4}});
   ASSERT_TRUE(empty.ok());
   EXPECT_EQ(empty->count, 0u);

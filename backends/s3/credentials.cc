@@ -11,12 +11,12 @@
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include "src/util/log.h"
 #include <utility>
 
 #include "backends/s3/http_client.h"
 #include "backends/s3/s3_xml.h"
 #include "src/util/printable.h"
+#include "src/util/log.h"
 
 extern char** environ;
 

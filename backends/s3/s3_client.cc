@@ -1,7 +1,6 @@
 #include "backends/s3/s3_client.h"
 
 #include <curl/curl.h>
-#include "src/util/log.h"
 
 #include <cctype>
 #include <future>
@@ -13,6 +12,7 @@
 #include "backends/s3/retry.h"
 #include "backends/s3/s3_xml.h"
 #include "backends/s3/sigv4.h"
+#include "src/util/log.h"
 
 namespace ckptio::s3 {
 

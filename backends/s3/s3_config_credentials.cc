@@ -3,7 +3,6 @@
 // each temporary source starts a CredentialProvider (credentials.h) that
 // fetches the first set now and renews it later. Then whether requests are
 // signed at all.
-#include "src/util/log.h"
 
 #include <charconv>
 #include <chrono>
@@ -19,6 +18,7 @@
 #include "backends/s3/credentials.h"
 #include "backends/s3/s3_config_internal.h"
 #include "src/util/printable.h"
+#include "src/util/log.h"
 
 namespace ckptio::s3::config_internal {
 namespace {

@@ -4,12 +4,11 @@
 // handed to a program that loads the backend on demand by module/s3_module.cc.
 #include <string>
 
-#include "src/util/log.h"
-
 #include "backends/s3/s3_config.h"
 #include "backends/s3/s3_storage.h"
 #include "ckptio/s3.h"
 #include "ckptio/storage.h"
+#include "src/util/log.h"
 
 namespace ckptio::s3 {
 namespace {

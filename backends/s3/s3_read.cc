@@ -2,7 +2,6 @@
 // (read_plan.h), written straight into the caller's buffers; an object read
 // by several GETs is HEADed first so that its GETs carry If-Match on one
 // version. s3_storage.h states the protocol; stat() uses the HEAD here too.
-#include "src/util/log.h"
 
 #include <charconv>
 #include <condition_variable>
@@ -12,6 +11,7 @@
 
 #include "backends/s3/read_plan.h"
 #include "backends/s3/s3_storage_internal.h"
+#include "src/util/log.h"
 
 namespace ckptio::s3::storage_internal {
 namespace {

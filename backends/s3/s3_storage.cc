@@ -4,11 +4,10 @@
 // (s3_storage_internal.h); s3_storage.h states the protocols.
 #include "backends/s3/s3_storage.h"
 
-#include "src/util/log.h"
-
 #include <mutex>
 
 #include "backends/s3/s3_storage_internal.h"
+#include "src/util/log.h"
 
 namespace ckptio::s3 {
 namespace storage_internal {

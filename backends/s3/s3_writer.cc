@@ -2,7 +2,6 @@
 // object of at most one part) or a multipart upload (CreateMultipartUpload,
 // an UploadPart per part_size slice, CompleteMultipartUpload, and
 // AbortMultipartUpload on any failure). s3_storage.h states the protocol.
-#include "src/util/log.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -12,6 +11,7 @@
 #include "backends/s3/checksum.h"
 #include "backends/s3/s3_storage_internal.h"
 #include "backends/s3/s3_xml.h"
+#include "src/util/log.h"
 
 namespace ckptio::s3::storage_internal {
 namespace {

@@ -1,5 +1,4 @@
 // Discovery: the committed steps of a base, and the index of each.
-#include "src/util/log.h"
 
 #include <algorithm>
 #include <functional>
@@ -12,6 +11,7 @@
 #include "src/layout/layout.h"
 #include "src/layout/zarr/eformer_step.h"
 #include "src/manager/manager_impl.h"
+#include "src/util/log.h"
 
 namespace ckptio {
 

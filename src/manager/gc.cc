@@ -1,5 +1,4 @@
 // gc: what failed and abandoned saves left behind, removed.
-#include "src/util/log.h"
 
 #include <algorithm>
 #include <cctype>
@@ -12,6 +11,7 @@
 #include "src/layout/zarr/eformer_step.h"
 #include "src/manager/manager_impl.h"
 #include "src/util/clock.h"
+#include "src/util/log.h"
 
 namespace ckptio {
 namespace {

@@ -11,8 +11,6 @@
 //   restore, verify              src/restore/
 #include "ckptio/manager.h"
 
-#include "src/util/log.h"
-
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -29,6 +27,7 @@
 #include "src/manager/manager_impl.h"
 #include "src/save/commit.h"
 #include "src/save/save_plan.h"
+#include "src/util/log.h"
 
 namespace ckptio {
 

@@ -9,7 +9,6 @@
 // counts, src/restore/damage.h), recording it in RestoredState::skipped; strict mode
 // and every other error stop there.
 #include <re2/re2.h>
-#include "src/util/log.h"
 
 #include <algorithm>
 #include <chrono>
@@ -26,6 +25,7 @@
 #include "src/restore/restore_whole.h"
 #include "src/sharding/regex.h"
 #include "src/transform/cast.h"
+#include "src/util/log.h"
 
 namespace ckptio {
 namespace {
@@ -71,11 +71,10 @@ Status check_template(const std::vector<std::pair<std::string, LeafRecord*>>& se
   for (const auto& [name, leaf] : saved)
     if (!expected_names.count(name)) unexpected.push_back(name);
   if (missing.empty() && unexpected.empty() && mismatched.empty()) return Status::OK();
-  auto join = [](const std::vector<std::string>& v) { return join_names(v, 50); };
   std::string msg = "state does not match the template:";
-  if (!missing.empty()) msg += " missing leaves [" + join(missing) + "];";
-  if (!unexpected.empty()) msg += " unexpected leaves [" + join(unexpected) + "];";
-  if (!mismatched.empty()) msg += " mismatches [" + join(mismatched) + "];";
+  if (!missing.empty()) msg += " missing leaves [" + join_names(missing, 50) + "];";
+  if (!unexpected.empty()) msg += " unexpected leaves [" + join_names(unexpected, 50) + "];";
+  if (!mismatched.empty()) msg += " mismatches [" + join_names(mismatched, 50) + "];";
   msg.pop_back();
   return Status(Code::kFailedPrecondition, msg);
 }

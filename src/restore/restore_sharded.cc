@@ -20,8 +20,6 @@
 
 #include "src/restore/restore_sharded.h"
 
-#include "src/util/log.h"
-
 #include <algorithm>
 #include <atomic>
 #include <future>
@@ -37,6 +35,7 @@
 #include "src/restore/read_planner.h"
 #include "src/restore/targets.h"
 #include "src/util/populate.h"
+#include "src/util/log.h"
 
 namespace ckptio {
 

@@ -7,9 +7,8 @@
 
 #include <sys/mman.h>
 
-#include "src/util/log.h"
-
 #include "src/util/populate.h"
+#include "src/util/log.h"
 
 namespace ckptio {
 

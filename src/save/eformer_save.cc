@@ -8,7 +8,6 @@
 // once the writer has read every shard, before the commit; copy mode
 // released them when save() returned (make_eformer_job copied them).
 #include <nlohmann/json.hpp>
-#include "src/util/log.h"
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +20,7 @@
 #include "src/save/save_job.h"
 #include "src/util/allocate.h"
 #include "src/util/box_runs.h"
+#include "src/util/log.h"
 
 namespace ckptio {
 namespace {

@@ -3,7 +3,6 @@
 #include "src/save/eformer_writer_impl.h"
 
 #include <nlohmann/json.hpp>
-#include "src/util/log.h"
 
 #include <algorithm>
 #include <chrono>
@@ -28,6 +27,7 @@
 #include "src/layout/zarr/eformer_index.h"
 #include "src/save/commit.h"
 #include "src/util/box_runs.h"
+#include "src/util/log.h"
 
 namespace ckptio::zarr {
 namespace {

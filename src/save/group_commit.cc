@@ -28,8 +28,6 @@
 // attempt: its names are attempt-unique.
 #include "src/save/group_commit.h"
 
-#include "src/util/log.h"
-
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -40,6 +38,7 @@
 #include "src/util/callback.h"
 #include "src/layout/layout.h"
 #include "src/save/manifest.h"
+#include "src/util/log.h"
 
 namespace ckptio {
 namespace {

@@ -23,7 +23,6 @@
 // now: direct writes read them until they complete); finish() (fsync); write
 // the index (prepare_index.cc, alongside the writes) and commit (commit.cc;
 // a multi-process save through group_commit.cc); run the callback; retention.
-#include "src/util/log.h"
 
 #include <memory>
 #include <mutex>
@@ -42,6 +41,7 @@
 #include "src/save/write_data.h"
 #include "src/util/callback.h"
 #include "src/util/clock.h"
+#include "src/util/log.h"
 
 namespace ckptio {
 namespace {

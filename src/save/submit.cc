@@ -1,7 +1,6 @@
 // save() on the caller's thread: checks, an in-flight slot, the job planned
 // and queued for the worker, and in copy mode the copy into the pool (the
 // whole pipeline is described at the top of pipeline.cc).
-#include "src/util/log.h"
 
 #include <algorithm>
 #include <chrono>
@@ -28,6 +27,7 @@
 #include "src/save/validate.h"
 #include "src/transform/cast.h"
 #include "src/util/clock.h"
+#include "src/util/log.h"
 
 namespace ckptio {
 namespace {

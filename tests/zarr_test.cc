@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -754,14 +755,14 @@ TEST(DecodeCrewTest, TasksAfterAnErrorAreCalledToSkip) {
   std::condition_variable cv;
   bool go = false;
   std::vector<int> skipped, ran;
-  crew.submit([&](ChunkDecoder&, std::vector<std::byte>&, bool skip) {
+  crew.submit([&](ChunkDecoder&, DecodeCrew::Scratch&, bool skip) {
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return go; });  // the rest queue up behind it
     (skip ? skipped : ran).push_back(0);
     return Status(Code::kDataLoss, "chunk 0 is damaged");
   });
   for (int i = 1; i <= 4; ++i)
-    crew.submit([&, i](ChunkDecoder&, std::vector<std::byte>&, bool skip) {
+    crew.submit([&, i](ChunkDecoder&, DecodeCrew::Scratch&, bool skip) {
       std::lock_guard lock(mu);
       (skip ? skipped : ran).push_back(i);
       return Status::OK();
@@ -784,9 +785,9 @@ TEST(DecodeCrewTest, ScratchAboveTheBoundIsFreedBetweenChunks) {
   DecodeCrew crew(1);
   std::vector<size_t> seen;  // the scratch's capacity each task found
   auto task = [&](size_t grow) {
-    crew.submit([&seen, grow](ChunkDecoder&, std::vector<std::byte>& scratch, bool) {
+    crew.submit([&seen, grow](ChunkDecoder&, DecodeCrew::Scratch& scratch, bool) {
       seen.push_back(scratch.capacity());
-      scratch.resize(grow);
+      if (grow) scratch.get(grow);
       return Status::OK();
     });
   };
@@ -800,6 +801,42 @@ TEST(DecodeCrewTest, ScratchAboveTheBoundIsFreedBetweenChunks) {
   EXPECT_GE(seen[1], size_t{1} << 20);  // kept
   EXPECT_EQ(seen[2], 0u);               // freed
   EXPECT_EQ(seen[3], 0u);
+}
+
+// The scratch of all threads together stays within the crew's budget: tasks
+// whose chunks would pass it wait, and a chunk larger than the budget is
+// decoded alone. (Before, 4 threads held 4 chunks at once, whatever their size.)
+TEST(DecodeCrewTest, ScratchOfAllThreadsStaysWithinTheBudget) {
+  constexpr size_t kBudget = 8u << 20;
+  DecodeCrew crew(4, kBudget);
+  std::atomic<int> running{0}, most{0}, most_beside_big{0};
+  std::atomic<bool> big_running{false};
+  auto task = [&](size_t n) {
+    crew.submit([&, n](ChunkDecoder&, DecodeCrew::Scratch& scratch, bool) {
+      std::span<std::byte> b = scratch.get(n);
+      if (b.size() != n) return Status(Code::kInternal, "short scratch");
+      const int now = ++running;
+      int m = most.load();
+      while (now > m && !most.compare_exchange_weak(m, now)) {}
+      if (n > kBudget) big_running = true;
+      if (big_running) {
+        int k = most_beside_big.load();
+        while (now > k && !most_beside_big.compare_exchange_weak(k, now)) {}
+      }
+      std::memset(b.data(), 1, b.size());
+      std::this_thread::sleep_for(std::chrono::milliseconds(40));
+      if (n > kBudget) big_running = false;
+      --running;
+      return Status::OK();
+    });
+  };
+  for (int i = 0; i < 8; ++i) task(3u << 20);  // two fit in 8 MiB, three do not
+  task(20u << 20);                              // larger than the budget: alone
+  for (int i = 0; i < 4; ++i) task(3u << 20);
+  ASSERT_TRUE(crew.wait().ok());
+  EXPECT_LE(most.load(), 2);
+  EXPECT_EQ(most_beside_big.load(), 1);
+  EXPECT_EQ(crew.scratch_peak(), size_t{20} << 20);  // the big one, alone
 }
 
 TEST(EformerIndex, PathsStayInsideTheStep) {

@@ -135,7 +135,7 @@ class ZarrConsumer : public ReadConsumer {
       std::lock_guard lock(mu_);
       queued_ += jobs_[i].shard->length;
     }
-    crew_.submit([this, i](zarr::ChunkDecoder& d, std::vector<std::byte>& scratch, bool skip) {
+    crew_.submit([this, i](zarr::ChunkDecoder& d, DecodeCrew::Scratch& scratch, bool skip) {
       Status st = skip ? Status::OK() : decode(jobs_[i], d, scratch);
       const uint64_t n = jobs_[i].shard->length;
       {
@@ -170,7 +170,7 @@ class ZarrConsumer : public ReadConsumer {
   }
 
   // Decodes (or fills) one chunk and copies it into its targets.
-  Status decode(ChunkJob& j, zarr::ChunkDecoder& d, std::vector<std::byte>& scratch) const {
+  Status decode(ChunkJob& j, zarr::ChunkDecoder& d, DecodeCrew::Scratch& scratch) const {
     const ZLeaf& L = leaves_[j.leaf];
     const zarr::ZArray& z = L.z;
     const Box full = zarr::chunk_box(z, j.index);
@@ -193,14 +193,14 @@ class ZarrConsumer : public ReadConsumer {
     if (j.shard) {  // checked before the scratch grows to what the chunk claims
       if (Status st = zarr::check_chunk(z.compressor, src, z.chunk_bytes); !st.ok()) return st.annotate(where(j));
     }
-    scratch.resize(z.chunk_bytes);
+    const std::span<std::byte> buf = scratch.get(z.chunk_bytes);
     if (j.shard) {
-      Status st = d.decode(z.compressor, src, scratch);
+      Status st = d.decode(z.compressor, src, buf);
       if (!st.ok()) return st.annotate(where(j));
     } else if (L.fill.empty()) {
-      std::memset(scratch.data(), 0, scratch.size());
+      std::memset(buf.data(), 0, buf.size());
     } else {
-      for (uint64_t at = 0; at + item <= scratch.size(); at += item) std::memcpy(scratch.data() + at, L.fill.data(), item);
+      for (uint64_t at = 0; at + item <= buf.size(); at += item) std::memcpy(buf.data() + at, L.fill.data(), item);
     }
     for (uint32_t t : j.targets) {
       const std::optional<Box> region = intersect(valid, L.targets[t]);
@@ -212,7 +212,7 @@ class ZarrConsumer : public ReadConsumer {
       fault_in(L, dst + lo, L.transform.out_offset(layout->dst_base + layout->dst_span()) - lo);
       Status st;
       for_each_run(*layout, [&](uint64_t s, uint64_t o, uint64_t n) {
-        if (st.ok()) st = L.transform.apply(scratch.data() + s, dst + L.transform.out_offset(o), n);
+        if (st.ok()) st = L.transform.apply(buf.data() + s, dst + L.transform.out_offset(o), n);
       });
       if (!st.ok()) return st.annotate(where(j));
     }
@@ -568,7 +568,7 @@ Status restore_zarr(Storage& storage, const std::string& step_dir, int64_t step,
   ProgressReport progress(options.on_progress, to_read);
   ZarrConsumer consumer(storage, step, leaves, jobs, keys, progress, /*verify=*/false, options.prefault);
   for (ChunkJob& j : missing.jobs)
-    consumer.crew().submit([&consumer, &j](zarr::ChunkDecoder& d, std::vector<std::byte>& s, bool skip) {
+    consumer.crew().submit([&consumer, &j](zarr::ChunkDecoder& d, DecodeCrew::Scratch& s, bool skip) {
       return skip ? Status::OK() : consumer.decode(j, d, s);
     });
   ReadExecutorLimits el;

@@ -353,6 +353,29 @@ TEST_P(EformerStepTest, AGridOfABillionChunksIsNotWalked) {
   o.fill_missing_chunks = false;
   r = m->restore(200, o);
   ASSERT_EQ(r.status().code(), Code::kDataLoss) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("(and 16777213 more)"), std::string::npos) << r.status().to_string();
+  // Replicated on both devices: each missing chunk is counted once, not
+  // once per device (the count was 33554427).
+  o.sharding->rules = PartitionRules::from_json(R"([[".*", []]])").value();
+  r = m->restore(200, o);
+  ASSERT_EQ(r.status().code(), Code::kDataLoss) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("(and 16777213 more)"), std::string::npos) << r.status().to_string();
+  // Chunks of 3 x 1 (1366 x 4096 of them): the two devices' rows meet inside
+  // chunk row 682, which both overlap. Still counted once each (the count
+  // was 5599229).
+  const uint16_t three[3] = {first, 0, 0};
+  ASSERT_TRUE(base_->remove("run-200/tx/nu/4095/4095").ok());
+  ASSERT_TRUE(base_->put("run-200/tx/nu/0/0", std::as_bytes(std::span(three))).ok());
+  ASSERT_TRUE(base_->put("run-200/tx/nu/1365/4095", std::as_bytes(std::span(three))).ok());
+  edit_json("run-200/tx/nu/.zarray", [](nlohmann::json& j) { j["chunks"] = {3, 1}; });
+  o.sharding->rules = PartitionRules::from_json(R"([[".*", ["x"]]])").value();
+  r = m->restore(200, o);
+  ASSERT_EQ(r.status().code(), Code::kDataLoss) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("(and 5595133 more)"), std::string::npos) << r.status().to_string();
+  ASSERT_TRUE(base_->remove("run-200/tx/nu/1365/4095").ok());
+  ASSERT_TRUE(base_->put("run-200/tx/nu/0/0", std::as_bytes(std::span(&first, 1))).ok());
+  ASSERT_TRUE(base_->put("run-200/tx/nu/4095/4095", std::as_bytes(std::span(&last, 1))).ok());
+  edit_json("run-200/tx/nu/.zarray", [](nlohmann::json& j) { j["chunks"] = {1, 1}; });
 
   // 32768 x 32768 chunks (2^30; the 2 GiB leaf is allocated, never
   // touched): the missing chunk is named at once. Walking the grid took a

@@ -10,10 +10,12 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <utility>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "src/layout/zarr/chunk_codec.h"
 #include "src/layout/zarr/chunk_grid.h"
@@ -330,7 +332,8 @@ constexpr uint64_t kWalkChunks = 1 << 20;
 // and, when every missing chunk has one, to fill each), and how many in all.
 struct Missing {
   std::vector<ChunkJob> jobs;    // every missing chunk, or (counted) only the first
-  uint64_t count = 0;            // (chunk, target) pairs where counted from the grid
+  uint64_t count = 0;            // distinct chunks
+  bool at_least = false;         // count is a lower bound (see union_count)
   std::vector<std::pair<uint32_t, uint32_t>> fill_targets;  // (leaf, target): fill whole first
 };
 
@@ -353,6 +356,61 @@ std::vector<uint64_t> first_missing(const zarr::ZArray& z, const zarr::ChunkRang
     return false;
   });
   return found;
+}
+
+// How many distinct chunks the ranges cover together, exactly: identical
+// ranges (replicated targets) count once, disjoint ones add up, and ranges
+// that overlap otherwise are cut along every range's bounds into cells (at
+// most kMaxCells of them). Beyond that, nullopt.
+std::optional<uint64_t> union_count(std::vector<zarr::ChunkRange> ranges) {
+  constexpr uint64_t kMaxCells = 1 << 16;
+  std::erase_if(ranges, [](const zarr::ChunkRange& r) { return r.count == 0; });
+  std::sort(ranges.begin(), ranges.end(), [](const auto& a, const auto& b) { return std::tie(a.first, a.last) < std::tie(b.first, b.last); });
+  ranges.erase(std::unique(ranges.begin(), ranges.end(),
+                           [](const auto& a, const auto& b) { return a.first == b.first && a.last == b.last; }),
+               ranges.end());
+  auto meet = [](const zarr::ChunkRange& a, const zarr::ChunkRange& b) {
+    for (size_t d = 0; d < a.first.size(); ++d)
+      if (std::max(a.first[d], b.first[d]) >= std::min(a.last[d], b.last[d])) return false;
+    return true;
+  };
+  bool disjoint = true;
+  for (size_t i = 0; i < ranges.size() && disjoint; ++i)
+    for (size_t k = i + 1; k < ranges.size() && disjoint; ++k) disjoint = !meet(ranges[i], ranges[k]);
+  uint64_t total = 0;
+  if (disjoint) {
+    for (const auto& r : ranges)
+      if (__builtin_add_overflow(total, r.count, &total)) return std::nullopt;
+    return total;
+  }
+  const size_t rank = ranges.front().first.size();
+  std::vector<std::vector<uint64_t>> cuts(rank);
+  uint64_t cells = 1;
+  for (size_t d = 0; d < rank; ++d) {
+    for (const auto& r : ranges) cuts[d].insert(cuts[d].end(), {r.first[d], r.last[d]});
+    std::sort(cuts[d].begin(), cuts[d].end());
+    cuts[d].erase(std::unique(cuts[d].begin(), cuts[d].end()), cuts[d].end());
+    if (__builtin_mul_overflow(cells, cuts[d].size() - 1, &cells) || cells > kMaxCells) return std::nullopt;
+  }
+  std::vector<size_t> at(rank, 0);  // the cell: [cuts[d][at[d]], cuts[d][at[d] + 1]) per dimension
+  for (uint64_t c = 0; c < cells; ++c) {
+    bool covered = false;
+    for (const auto& r : ranges) {
+      covered = true;
+      for (size_t d = 0; d < rank && covered; ++d) covered = r.first[d] <= cuts[d][at[d]] && cuts[d][at[d]] < r.last[d];
+      if (covered) break;
+    }
+    if (covered) {
+      uint64_t v = 1;
+      for (size_t d = 0; d < rank; ++d) v *= cuts[d][at[d] + 1] - cuts[d][at[d]];  // within a range's count
+      if (__builtin_add_overflow(total, v, &total)) return std::nullopt;
+    }
+    for (size_t d = rank; d-- > 0;) {
+      if (++at[d] + 1 < cuts[d].size()) break;
+      at[d] = 0;
+    }
+  }
+  return total;
 }
 
 // The chunks each leaf's targets overlap, in leaf order then C order: jobs
@@ -386,6 +444,7 @@ Status plan_chunks(std::vector<ZLeaf>& leaves, const std::string& step_dir, std:
     }
     std::sort(needs.begin(), needs.end());
     std::vector<uint64_t> stored_in(ranges.size(), 0);  // per target (counted path)
+    uint64_t stored_any = 0;                            // in any target (counted path)
     for (size_t k = 0; k < needs.size();) {
       ChunkJob j;
       j.leaf = l;
@@ -398,6 +457,7 @@ Status plan_chunks(std::vector<ZLeaf>& leaves, const std::string& step_dir, std:
       auto it = std::lower_bound(stored.begin(), stored.end(), std::make_pair(r, static_cast<const ShardRecord*>(nullptr)));
       if (it != stored.end() && it->first == r) {
         j.shard = it->second;
+        ++stored_any;
         CKPTIO_RETURN_IF_ERROR(add_read(L, step_dir, std::move(j), jobs, keys, reads));
       } else {
         missing->jobs.push_back(std::move(j));
@@ -407,9 +467,18 @@ Status plan_chunks(std::vector<ZLeaf>& leaves, const std::string& step_dir, std:
     if (walk) continue;
     // Counted: each target with missing chunks is filled whole before the
     // stored chunks are decoded over it; the first missing one names them.
+    // Where the union of the targets' chunks is too intricate to count, the
+    // count is the most any one target misses, a lower bound.
+    uint64_t most = 0;
+    for (uint32_t t = 0; t < ranges.size(); ++t) most = std::max(most, ranges[t].count - stored_in[t]);
+    if (const std::optional<uint64_t> all = union_count(ranges)) {
+      missing->count += *all - stored_any;
+    } else {
+      missing->count += most;
+      missing->at_least = true;
+    }
     for (uint32_t t = 0; t < ranges.size(); ++t) {
       if (ranges[t].count == stored_in[t]) continue;
-      missing->count += ranges[t].count - stored_in[t];
       missing->fill_targets.emplace_back(l, t);
       if (missing->jobs.empty()) {
         ChunkJob j;
@@ -544,7 +613,10 @@ Status restore_zarr(Storage& storage, const std::string& step_dir, int64_t step,
     const ChunkJob& j = missing.jobs.front();
     return data_loss("restore " + leaves[j.leaf].name + " of step " + std::to_string(step) + ": chunk " +
                      zarr::chunk_key(leaves[j.leaf].z, j.index) + " is missing at " + storage.describe() + "/" +
-                     step_dir + (missing.count > 1 ? " (and " + std::to_string(missing.count - 1) + " more)" : "") +
+                     step_dir +
+                     (missing.count > 1 ? std::string(missing.at_least ? " (and at least " : " (and ") +
+                                              std::to_string(missing.count - 1) + " more)"
+                                        : "") +
                      "; restore with fill_missing_chunks to read missing chunks as the array's fill value");
   }
   // Leaves with too many missing chunks to list: filled whole, here, before

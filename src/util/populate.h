@@ -23,7 +23,8 @@ namespace ckptio {
 bool populate_for_write(void* p, size_t len);
 
 // Fresh allocations of a restore, faulted in on a thread of their own
-// (populate_for_write, at nice 19: it yields to every other thread) while
+// (populate_for_write, then one load from each page, at nice 19: it yields
+// to every other thread) while
 // the restore fills them: the ranges from the
 // last backwards, each in 8 MiB slices from its end, so that this thread
 // and copies filling them from the front meet in the middle. Invalid when

@@ -10,8 +10,8 @@
 #include <mutex>
 #include <new>
 #include <span>
-#include <utility>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "ckptio/status.h"

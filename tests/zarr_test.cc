@@ -10,10 +10,10 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>

@@ -469,11 +469,11 @@ Status plan_chunks(std::vector<ZLeaf>& leaves, const std::string& step_dir, std:
     // stored chunks are decoded over it; the first missing one names them.
     // Where the union of the targets' chunks is too intricate to count, the
     // count is the most any one target misses, a lower bound.
-    uint64_t most = 0;
-    for (uint32_t t = 0; t < ranges.size(); ++t) most = std::max(most, ranges[t].count - stored_in[t]);
     if (const std::optional<uint64_t> all = union_count(ranges)) {
       missing->count += *all - stored_any;
     } else {
+      uint64_t most = 0;
+      for (uint32_t t = 0; t < ranges.size(); ++t) most = std::max(most, ranges[t].count - stored_in[t]);
       missing->count += most;
       missing->at_least = true;
     }

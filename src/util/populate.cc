@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <utility>
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -10,15 +11,15 @@
 
 namespace ckptio {
 
-bool populate_for_write(void* p, size_t len) {
-  const uintptr_t page = 4096;
-  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
-  const uintptr_t z = (reinterpret_cast<uintptr_t>(p) + len) & ~(page - 1);
-  if (z <= a) return true;
-  return ::madvise(reinterpret_cast<void*>(a), z - a, MADV_POPULATE_WRITE) == 0 || errno != EINVAL;
-}
-
 namespace {
+
+constexpr uintptr_t kPage = 4096;
+
+// The whole pages of [p, p + len): [first, end), empty when first >= end.
+std::pair<uintptr_t, uintptr_t> whole_pages(const void* p, size_t len) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  return {(at + kPage - 1) & ~(kPage - 1), (at + len) & ~(kPage - 1)};
+}
 
 // One load from each whole page of [p, p + len), from user space, its value
 // unused. On a VM whose host shadows the guest's page tables (a PVM guest),
@@ -30,10 +31,8 @@ namespace {
 // page"). Elsewhere a load of a mapped page costs a TLB miss. The loads are
 // asm, not C++ accesses: the bytes may be landing at the same time.
 void touch_pages(const std::byte* p, size_t len) {
-  const uintptr_t page = 4096;
-  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
-  const uintptr_t z = (reinterpret_cast<uintptr_t>(p) + len) & ~(page - 1);
-  for (uintptr_t q = a; q < z; q += page) {
+  const auto [a, z] = whole_pages(p, len);
+  for (uintptr_t q = a; q < z; q += kPage) {
 #if defined(__x86_64__)
     unsigned char v;
     asm volatile("movb (%1), %0" : "=r"(v) : "r"(q) : "memory");
@@ -47,6 +46,12 @@ void touch_pages(const std::byte* p, size_t len) {
 }
 
 }  // namespace
+
+bool populate_for_write(void* p, size_t len) {
+  const auto [a, z] = whole_pages(p, len);
+  if (z <= a) return true;
+  return ::madvise(reinterpret_cast<void*>(a), z - a, MADV_POPULATE_WRITE) == 0 || errno != EINVAL;
+}
 
 std::future<void> populate_in_background(std::vector<std::pair<std::byte*, uint64_t>> ranges,
                                          std::atomic<uint64_t>* populated, const std::atomic<bool>* stop) {

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -1118,6 +1119,24 @@ TEST(PopulateTest, FaultsEveryRangeInUnlessStoppedAndKeepsTheBytes) {
   ASSERT_TRUE(f.valid());
   f.wait();
   EXPECT_EQ(done.load(), 0u) << "a set stop ends the thread before its first slice";
+}
+
+// The probe that decides whether a restore faults in ahead the memory its
+// reads land in (first_touch_traps()): it runs, a second load from a page
+// costs no trap, and it reaches the same verdict each time it is run (the
+// choice must be stable from run to run, not a coin toss on a noisy VM).
+TEST(PopulateTest, TheFirstTouchProbeMeasuresAndAgreesWithItself) {
+  std::vector<std::byte> probe(8192);
+  if (!populate_for_write(probe.data(), probe.size()))
+    GTEST_SKIP() << "SKIPPED: this kernel has no MADV_POPULATE_WRITE (Linux 5.14)";
+  const FirstTouchProbe p = probe_first_touch();
+  EXPECT_GT(p.first_ns, 0.0);
+  EXPECT_GT(p.again_ns, 0.0);
+  EXPECT_LT(p.again_ns, 1000.0) << "a load from a mapped, touched page took a microsecond";
+  EXPECT_EQ(p.traps, p.first_ns - p.again_ns > 1000.0);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(probe_first_touch().traps, p.traps) << "run " << i;
+  std::printf("first load of a populated page %.0f ns, a second %.0f ns: %s\n", p.first_ns, p.again_ns,
+              p.traps ? "traps" : "no trap");
 }
 
 // Leaf paths come from the index (outside data) and may be long; selection

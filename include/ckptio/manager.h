@@ -323,10 +323,11 @@ struct RestoreOptions {
   bool verify = true;
   uint64_t verify_widen_max_bytes = 64 << 10;
   // Fault the memory restore allocates (whole leaves; with a sharding, the
-  // device buffers filled by copies) in on a thread of its own while the
-  // reads land, and read one byte of each page there (on a VM whose host
-  // traps each page's first user access, the checksums do not pay it all;
-  // docs/restart.md); for an eformer (zarr) step, each chunk's destination on its
+  // device buffers filled by copies, and all of them where a probe finds
+  // that the first load of a fresh page traps to the host) in on a thread of
+  // its own while the reads land, and read one byte of each page there (on
+  // a VM whose host traps each page's first user access, the checksums do
+  // not pay it all; docs/restart.md); for an eformer (zarr) step, each chunk's destination on its
   // decoding thread just before decoding (RestoreStats::bytes_prefaulted).
   // Off only to measure what it is worth (`ckptio synth check --no-prefault`).
   bool prefault = true;

@@ -406,19 +406,22 @@ class ShardedConsumer : public ReadConsumer {
 // Target buffers filled only by copies out of the staging arenas would take
 // their first touch (a page fault per 4 KiB) on the delivering thread,
 // between checksums: with RestoreOptions::prefault they are faulted in on a
-// thread of its own while the reads go on. Not the targets reads land in
-// directly: the kernel faults those in as each read is submitted, and a
-// thread faulting them ahead measured slower on 2 cores, both whole targets
-// from the back (docs/benchmarks/history.md, "Full runs") and the reads'
-// destinations from the last read back, so that it met the reads on the way
-// (0.80x, 8 pairs, none faster: docs/restart.md, "Sharded restarts: faulting
-// ahead in read order, not kept").
-std::future<void> prefault_copied_targets(const std::vector<LeafJob>& jobs, std::atomic<uint64_t>* populated,
-                                          const std::atomic<bool>* stop) {
+// thread of its own while the reads go on. The targets reads land in
+// directly are faulted in by the kernel as each read is submitted; a thread
+// faulting them ahead as well measured slower where a first touch after that
+// is cheap (0.80x on two earlier VMs, 8 pairs: docs/restart.md, "Sharded
+// restarts: faulting ahead in read order, not kept"), and faster where the
+// first load from user space of each page traps to the host, which the
+// checksum thread then pays for every page (1.08-1.27x with one process,
+// 0.99-1.19x with two: "Sharded restarts, prefaulted where the first touch
+// traps"). So they are faulted in too where first_touch_traps().
+std::future<void> prefault_targets(const std::vector<LeafJob>& jobs, std::atomic<uint64_t>* populated,
+                                   const std::atomic<bool>* stop) {
+  const bool all = first_touch_traps();
   std::vector<std::pair<std::byte*, uint64_t>> ranges;
   for (const LeafJob& job : jobs) {
     std::vector<bool> direct(job.target_ptrs.size(), false);
-    if (job.transform.identity())
+    if (!all && job.transform.identity())
       for (const PlannedRead& r : job.plan.reads)
         if (r.target != kStaging) direct[r.target] = true;
     for (size_t i = 0; i < job.target_ptrs.size(); ++i)
@@ -463,7 +466,7 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
   std::atomic<bool> reads_done{false};
   std::atomic<uint64_t> prefaulted{0};
   std::future<void> prefault;
-  if (options.prefault) prefault = prefault_copied_targets(jobs, &prefaulted, &reads_done);
+  if (options.prefault) prefault = prefault_targets(jobs, &prefaulted, &reads_done);
   uint64_t to_read = 0;
   for (const ExecRead& r : reads)
     if (!r.filler) to_read += r.length;

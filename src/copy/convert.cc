@@ -51,6 +51,11 @@ constexpr size_t kWriteBuffers = 4;
 // conversion's time. A group's tensors are valid until f returns; a leaf
 // larger than a half is restored alone into memory of its own (two such
 // leaves may be held at once, the one f works on and the next).
+// A leaf saved in one shard of a ckptio step is placed in its half at an
+// address that agrees with the shard's file offset modulo the storage's
+// read alignment, as restore places the leaves it allocates: direct reads
+// land in it. At 64-byte offsets the local backend read every byte through
+// a bounce buffer and copied it.
 Status for_each_group(Storage& src, const std::string& src_dir, const Index& index, uint64_t max_memory,
                       const GroupFn& f) {
   Index copy = index;  // restore_whole moves names out of the records it restores (the restoring thread only)
@@ -62,17 +67,25 @@ Status for_each_group(Storage& src, const std::string& src_dir, const Index& ind
       total += l.num_bytes();
     }
   const uint64_t half = std::max<uint64_t>(max_memory / 2, 4096);
+  const uint64_t align = index.layout == zarr::kEformerLayout ? 64 : std::max<uint64_t>(src.read_alignment(), 64);
+  // Where leaf `k` may start at or after `bytes`: in phase with its shard
+  // when direct reads can land in it, else 64-byte aligned.
+  auto place = [&](size_t k, uint64_t bytes) {
+    const LeafRecord& l = *all[k].second;
+    if (align > 64 && l.shards.size() == 1) return bytes + ((l.shards[0].offset - bytes) & (align - 1));
+    return (bytes + 63) / 64 * 64;
+  };
   // Groups [first, last) of `all`, and where each leaf lands in its half
-  // (64-byte aligned; UINT64_MAX: restored into memory of its own).
+  // (UINT64_MAX: restored into memory of its own).
   std::vector<std::pair<size_t, size_t>> groups;
   std::vector<uint64_t> at(all.size(), UINT64_MAX);
-  const uint64_t arena_bytes = std::min(half, total + 64 * all.size());
+  const uint64_t arena_bytes = std::min(half, total + align * all.size());
   for (size_t i = 0; i < all.size();) {
     size_t j = i;
     uint64_t bytes = 0;
     for (; j < all.size(); ++j) {
       const uint64_t n = all[j].second->num_bytes();
-      const uint64_t a = (bytes + 63) / 64 * 64;
+      const uint64_t a = place(j, bytes);
       if (j > i && a + n > half) break;
       if (a + n <= arena_bytes) at[j] = a;
       bytes = a + n;
@@ -81,7 +94,7 @@ Status for_each_group(Storage& src, const std::string& src_dir, const Index& ind
     i = j;
   }
   Buffer arenas[2];
-  for (size_t h = 0; h < std::min<size_t>(2, groups.size()); ++h) arenas[h] = Buffer::allocate(arena_bytes, 4096);
+  for (size_t h = 0; h < std::min<size_t>(2, groups.size()); ++h) arenas[h] = Buffer::allocate(arena_bytes, align);
 
   struct Slot {
     RestoredState out;

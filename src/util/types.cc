@@ -1,10 +1,13 @@
 #include "ckptio/types.h"
 
 #include <array>
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
 #include <string>
+
+#include <sys/mman.h>
 
 namespace ckptio {
 namespace {
@@ -119,6 +122,37 @@ uint64_t LeafView::num_bytes() const {
   return checked_num_bytes(shape, dtype_size(dtype)).value_or(0);
 }
 
+namespace {
+
+// Buffers of this size and up are mapped, not taken from malloc: glibc
+// raises its mmap threshold to the size of each mapped block freed (up to
+// 32 MiB), after which it serves such sizes from its heaps and keeps them
+// when they are freed, one heap per thread that allocates. A conversion
+// bounded to 512 MiB of buffers peaked at 1.19 GB of anonymous memory that
+// way, 649 MB with the threshold held (docs/benchmarks/history.md, "A
+// conversion from the device kept its memory bound only on paper").
+constexpr size_t kMapAtLeast = 1 << 20;
+constexpr size_t kPageSize = 4096;
+
+// `total` bytes aligned to `alignment`, mapped; nullptr when the system
+// refuses a mapping (the caller falls back to malloc).
+std::byte* map_aligned(size_t total, size_t alignment, size_t* mapped) {
+  const size_t extra = alignment > kPageSize ? alignment - kPageSize : 0;
+  const size_t len = (total + kPageSize - 1) / kPageSize * kPageSize;
+  if (len + extra < len) return nullptr;
+  void* m = ::mmap(nullptr, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  const uintptr_t at = reinterpret_cast<uintptr_t>(m);
+  const uintptr_t aligned = (at + alignment - 1) / alignment * alignment;
+  if (aligned > at) ::munmap(m, aligned - at);
+  if (const uintptr_t end = at + len + extra, used = aligned + len; end > used)
+    ::munmap(reinterpret_cast<void*>(used), end - used);
+  *mapped = len;
+  return reinterpret_cast<std::byte*>(aligned);
+}
+
+}  // namespace
+
 Buffer Buffer::allocate(size_t size, size_t alignment, size_t phase) {
   if (alignment < 64) alignment = 64;
   phase &= alignment - 1;
@@ -130,10 +164,15 @@ Buffer Buffer::allocate(size_t size, size_t alignment, size_t phase) {
   // restore started alike: zeroing a huge page makes the host back 2 MiB at
   // once), and peak RSS 6% larger (docs/restart.md, "Where the 2 GiB
   // restart's time goes").
-  void* p = std::aligned_alloc(alignment, total);
-  if (!p) throw std::bad_alloc();
   Buffer b;
-  b.base_ = std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
+  size_t mapped = 0;
+  if (std::byte* m = total >= kMapAtLeast ? map_aligned(total, alignment, &mapped) : nullptr) {
+    b.base_ = std::shared_ptr<std::byte>(m, [mapped](std::byte* q) { ::munmap(q, mapped); });
+  } else {
+    void* p = std::aligned_alloc(alignment, total);
+    if (!p) throw std::bad_alloc();
+    b.base_ = std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
+  }
   b.data_ = b.base_.get() + phase;
   b.size_ = size;
   return b;

@@ -17,7 +17,7 @@
 //     EformerStepWriter (src/save/eformer_writer.h).
 // Values are bit-exact both ways; memory stays within about max_memory plus
 // the two largest leaves, plus the eformer writer's own bound
-// (EformerWriteOptions::max_pending_bytes).
+// (EformerWriteOptions::max_pending_bytes, and half as much pooled).
 #pragma once
 
 #include <string>

@@ -158,7 +158,7 @@ Result<Buffer> EformerStepWriter::Impl::take_buffer(uint64_t chunk_bytes, uint64
 }
 
 void EformerStepWriter::Impl::give_back_locked(Buffer b) {
-  const uint64_t n = b.size(), cap = options.max_pending_bytes / 4;
+  const uint64_t n = b.size(), cap = options.max_pending_bytes / 2;
   if (n == 0 || n > cap) return;
   // Full: buffers of other sizes make room (chunk sizes change from array to
   // array, and the pool follows the ones being written now).

@@ -42,8 +42,9 @@
 // max_pending_bytes (a borrowed chunk counts as if copied), plus,
 // transiently, the buffer each encoder compresses into, and one chunk when a
 // single chunk is larger than the bound; write_box() blocks while they are
-// over it. Memory use is therefore about max_pending_bytes + threads *
-// chunk size.
+// over it. Buffers done with are pooled for the next chunks, up to half of
+// max_pending_bytes. Memory use is therefore about 1.5 * max_pending_bytes
+// + threads * chunk size.
 //
 // Timestamps: metadata.json's "timestamp" is the local time without an
 // offset, as eformer writes it (dt.datetime.now().isoformat()), so that

@@ -73,8 +73,10 @@ struct EformerStepWriter::Impl {
   uint64_t pending = 0;      // bytes of chunk buffers held (queued, encoding, writing)
   // Chunk buffers done with, by size, handed out again (take_buffer): fresh
   // memory for every chunk cost a page fault per 4 KiB of the step, twice
-  // (raw and encoded), and as much again to give it back. At most a quarter
-  // of options.max_pending_bytes is pooled.
+  // (raw and encoded), and as much again to give it back. At most half of
+  // options.max_pending_bytes is pooled: a quarter dropped buffers that the
+  // next chunks then took fresh (cp of a cached 2 GiB step, 288-292k faults
+  // against 210-261k with half; docs/benchmarks/history.md).
   std::multimap<uint64_t, Buffer> free_buffers;  // by size class (buffer_class)
   uint64_t pooled = 0;
   uint64_t outstanding = 0;  // jobs queued or running

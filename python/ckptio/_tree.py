@@ -76,22 +76,28 @@ def flatten(state, prefix, on_leaf, kind_of):
             nodes.append([kind])
             on_leaf(pfx, leaf_path, node, kind)
 
-    if prefix is None:
-        if not isinstance(state, dict):
-            raise errors.InvalidArgument(
-                f"the state must be a dict whose keys are the checkpoint's prefixes (\"model\", "
-                f"\"tx\", ...), not a {type(state).__name__}; or pass prefix=\"name\"")
-        keys = list(state.keys())
-        for k in keys:
-            if not isinstance(k, str) or not k:
-                raise errors.InvalidArgument(f"prefix {k!r}: the state's top-level keys must be non-empty str")
-        nodes.append(["d", keys])
-        for k in keys:
-            walk(state[k], k, "")
-    else:
-        if not isinstance(prefix, str) or not prefix:
-            raise errors.InvalidArgument(f"prefix must be a non-empty str, not {prefix!r}")
-        walk(state, prefix, "")
+    # walk refers to itself through its closure, a cycle that would keep
+    # on_leaf (and through it the caller's arrays) alive until the garbage
+    # collector runs: cut when done.
+    try:
+        if prefix is None:
+            if not isinstance(state, dict):
+                raise errors.InvalidArgument(
+                    f"the state must be a dict whose keys are the checkpoint's prefixes (\"model\", "
+                    f"\"tx\", ...), not a {type(state).__name__}; or pass prefix=\"name\"")
+            keys = list(state.keys())
+            for k in keys:
+                if not isinstance(k, str) or not k:
+                    raise errors.InvalidArgument(f"prefix {k!r}: the state's top-level keys must be non-empty str")
+            nodes.append(["d", keys])
+            for k in keys:
+                walk(state[k], k, "")
+        else:
+            if not isinstance(prefix, str) or not prefix:
+                raise errors.InvalidArgument(f"prefix must be a non-empty str, not {prefix!r}")
+            walk(state, prefix, "")
+    finally:
+        del walk
     return {"version": TREE_VERSION, "prefix": prefix, "nodes": nodes}
 
 
@@ -127,17 +133,23 @@ def unflatten(tree, lookup):
             return node[1]
         return lookup(pfx, path or TOP_LEAF_PATH, tag)
 
-    prefix = tree.get("prefix")
-    if prefix is not None:
-        out = build(prefix, "")
-        return None if out is MISSING else out
-    top = next(nodes)
-    out = {}
-    for k in top[1]:
-        v = build(k, "")
-        if v is not MISSING:
-            out[k] = v
-    return out
+    # build refers to itself through its closure, a cycle that would keep
+    # lookup (and through it every restored array) alive until the garbage
+    # collector runs, whatever the caller drops: cut when done.
+    try:
+        prefix = tree.get("prefix")
+        if prefix is not None:
+            out = build(prefix, "")
+            return None if out is MISSING else out
+        top = next(nodes)
+        out = {}
+        for k in top[1]:
+            v = build(k, "")
+            if v is not MISSING:
+                out[k] = v
+        return out
+    finally:
+        del build
 
 
 def tree_from_paths(leaves):

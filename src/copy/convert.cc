@@ -67,7 +67,10 @@ Status for_each_group(Storage& src, const std::string& src_dir, const Index& ind
       total += l.num_bytes();
     }
   const uint64_t half = std::max<uint64_t>(max_memory / 2, 4096);
-  const uint64_t align = index.layout == zarr::kEformerLayout ? 64 : std::max<uint64_t>(src.read_alignment(), 64);
+  const uint64_t read_align = src.read_alignment();
+  const uint64_t align = index.layout != zarr::kEformerLayout && read_align > 64 && (read_align & (read_align - 1)) == 0
+                             ? read_align
+                             : 64;
   // Where leaf `k` may start at or after `bytes`: in phase with its shard
   // when direct reads can land in it, else 64-byte aligned.
   auto place = [&](size_t k, uint64_t bytes) {

@@ -7,6 +7,7 @@
 
 #include <sys/mman.h>
 
+#include "src/util/allocate.h"
 #include "src/util/populate.h"
 #include "src/util/log.h"
 
@@ -87,14 +88,9 @@ std::byte* BufferPool::allocate_buffer() const {
   // save and fewer TLB misses on every copy.
   const size_t huge = 2u << 20;
   const size_t align = chunk_ % huge == 0 ? huge : 4096;
-  const size_t span = chunk_ + (align > 4096 ? align : 0);
-  void* m = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) return nullptr;
-  auto* base = static_cast<std::byte*>(m);
-  auto* p = reinterpret_cast<std::byte*>((reinterpret_cast<uintptr_t>(base) + align - 1) / align * align);
-  if (p > base) ::munmap(base, static_cast<size_t>(p - base));  // the head and tail beyond the alignment
-  if (base + span > p + chunk_) ::munmap(p + chunk_, static_cast<size_t>(base + span - (p + chunk_)));
-  if (align == huge) (void)::madvise(p, chunk_, MADV_HUGEPAGE);
+  size_t mapped = 0;
+  std::byte* p = map_aligned(chunk_, align, &mapped);
+  if (p && align == huge) (void)::madvise(p, chunk_, MADV_HUGEPAGE);
   return p;
 }
 

@@ -12,6 +12,13 @@
 
 namespace ckptio {
 
+// `size` bytes of fresh anonymous memory at `alignment` (a power of two),
+// mapped on their own: nothing of a heap, given back to the system by
+// munmap(p, *mapped) (*mapped: `size` rounded up to whole pages). nullptr
+// when the system refuses the mapping. Buffer::allocate maps its large
+// buffers with it, the save's staging pool its chunks (types.cc).
+std::byte* map_aligned(size_t size, size_t alignment, size_t* mapped);
+
 inline Result<Buffer> allocate_or_status(size_t size, size_t alignment, const std::string& what) {
   try {
     return Buffer::allocate(size, alignment);

@@ -9,6 +9,8 @@
 
 #include <sys/mman.h>
 
+#include "src/util/allocate.h"
+
 namespace ckptio {
 namespace {
 
@@ -134,8 +136,8 @@ namespace {
 constexpr size_t kMapAtLeast = 1 << 20;
 constexpr size_t kPageSize = 4096;
 
-// `total` bytes aligned to `alignment`, mapped; nullptr when the system
-// refuses a mapping (the caller falls back to malloc).
+}  // namespace
+
 std::byte* map_aligned(size_t total, size_t alignment, size_t* mapped) {
   const size_t extra = alignment > kPageSize ? alignment - kPageSize : 0;
   const size_t len = (total + kPageSize - 1) / kPageSize * kPageSize;
@@ -150,8 +152,6 @@ std::byte* map_aligned(size_t total, size_t alignment, size_t* mapped) {
   *mapped = len;
   return reinterpret_cast<std::byte*>(aligned);
 }
-
-}  // namespace
 
 Buffer Buffer::allocate(size_t size, size_t alignment, size_t phase) {
   if (alignment < 64) alignment = 64;

@@ -249,7 +249,10 @@ class WholeRestore : public ReadConsumer {
   }
 
   // Read i failed on its own: names the shard (for a group of small shards,
-  // the member that fails on its own).
+  // the member that fails on its own). The group is halved, each half read
+  // as one span, and a failing half kept, so that a file cut short names
+  // its member in about 2 log2(members) requests: one read per member took
+  // 2,932 GETs on moto for a group of ~3,000 shards.
   Status failed(size_t i, Status st) override {
     const Piece& p = pieces_[i];
     if (p.group < 0) {
@@ -257,17 +260,32 @@ class WholeRestore : public ReadConsumer {
       return data_read_error(st, "restore " + where(t) + of_step_, storage_.describe() + "/" + keys_[t.file]);
     }
     const Group& g = groups_[p.group];
-    for (size_t ti : g.tasks) {
-      const ShardTask& t = tasks_[ti];
-      Buffer scratch = Buffer::allocate(t.rec->length, std::max<uint64_t>(align_, 64), t.rec->offset % align_);
-      ReadRequest r{keys_[t.file], t.rec->offset, t.rec->length, scratch.data()};
-      Status one = storage_.read(std::span<const ReadRequest>(&r, 1));
-      if (!one.ok())
-        return data_read_error(one, "restore " + where(t) + of_step_, storage_.describe() + "/" + keys_[t.file]);
+    // Reads the members [from, to) of g as one span.
+    auto read_members = [&](size_t from, size_t to) {
+      const ShardRecord& first = *tasks_[g.tasks[from]].rec;
+      const ShardRecord& last = *tasks_[g.tasks[to - 1]].rec;
+      const uint64_t length = last.offset + last.length - first.offset;
+      Buffer scratch = Buffer::allocate(length, std::max<uint64_t>(align_, 64), first.offset % align_);
+      ReadRequest r{keys_[g.file], first.offset, length, scratch.data()};
+      return storage_.read(std::span<const ReadRequest>(&r, 1));
+    };
+    size_t lo = 0, hi = g.tasks.size();  // [lo, hi): members whose span failed (the whole group first)
+    while (hi - lo > 1) {
+      const size_t mid = lo + (hi - lo) / 2;
+      if (Status left = read_members(lo, mid); !left.ok()) {
+        hi = mid;
+        st = left;
+      } else if (Status right = read_members(mid, hi); !right.ok()) {
+        lo = mid;
+        st = right;
+      } else {  // (a transient failure) the span failed as a whole only
+        return data_read_error(st, "restore the " + std::to_string(hi - lo) + " small shards from " +
+                                       where(tasks_[g.tasks[lo]]) + " on" + of_step_,
+                               storage_.describe() + "/" + keys_[g.file]);
+      }
     }
-    return data_read_error(st, "restore the " + std::to_string(g.tasks.size()) + " small shards from " +
-                                   where(tasks_[g.tasks.front()]) + " on" + of_step_,
-                           storage_.describe() + "/" + keys_[g.file]);
+    const ShardTask& t = tasks_[g.tasks[lo]];  // its own read failed with st
+    return data_read_error(st, "restore " + where(t) + of_step_, storage_.describe() + "/" + keys_[t.file]);
   }
 
  private:

@@ -78,24 +78,23 @@ class EformerStepTest : public testutil::S3BackendTest {
   void SetUp() override {
     BackendTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
-    if (std::system("/usr/bin/python3 -c 'import zarr, numcodecs' >/dev/null 2>&1") != 0) {
+    std::string log;
+    bool missing = false;
+    fixture_ = testutil::eformer_steps_fixture(&log, &missing);
+    if (fixture_.empty() && missing) {
       const char* ci = std::getenv("CI");
-      if (ci && *ci) FAIL() << "zarr-python is missing under CI: tools/setup-deps installs python3-zarr";
+      if (ci && *ci) FAIL() << "zarr-python is missing under CI: tools/setup-deps installs python3-zarr\n" << log;
       GTEST_SKIP() << "zarr-python is missing: install python3-zarr and python3-numcodecs (tools/setup-deps does)";
     }
+    ASSERT_FALSE(fixture_.empty()) << "zarr-python writing the steps failed:\n" << log;
     work_ = fs::temp_directory_path() / ("ckptio-eformer-src-" + std::to_string(::getpid()) + "-" +
                                          std::to_string(counter_++));
     fs::remove_all(work_);
-    fs::create_directories(work_ / "base");
-    { std::ofstream(work_ / "write.py") << testutil::kWriteEformerSteps; }
-    const std::string cmd = "/usr/bin/python3 '" + (work_ / "write.py").string() + "' '" +
-                            (work_ / "base").string() + "' '" + (work_ / "expected").string() + "' >'" +
-                            (work_ / "log").string() + "' 2>&1";
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(work_ / "log");
+    fs::create_directories(work_);
     // Every file, as an object of the backend under test.
-    for (const auto& e : fs::recursive_directory_iterator(work_ / "base")) {
+    for (const auto& e : fs::recursive_directory_iterator(fixture_ / "base")) {
       if (!e.is_regular_file()) continue;
-      const std::string key = fs::relative(e.path(), work_ / "base").generic_string();
+      const std::string key = fs::relative(e.path(), fixture_ / "base").generic_string();
       const std::string bytes = read_file(e.path());
       keys_.push_back(key);
       ASSERT_TRUE(base_->put(key, std::as_bytes(std::span(bytes.data(), bytes.size()))).ok()) << key;
@@ -119,7 +118,7 @@ class EformerStepTest : public testutil::S3BackendTest {
     return std::make_unique<CheckpointManager>(base_, o);
   }
   std::string expected(int64_t step, const std::string& name) const {
-    return read_file(work_ / "expected" / std::to_string(step) / (name + ".raw"));
+    return read_file(fixture_ / "expected" / std::to_string(step) / (name + ".raw"));
   }
   // The expected bytes of `box` of a leaf (C order), cut out of the whole.
   std::string expected_box(int64_t step, const std::string& name, const Box& box) const {
@@ -151,7 +150,8 @@ class EformerStepTest : public testutil::S3BackendTest {
   }
   static std::string bytes_of(const Buffer& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
 
-  fs::path work_;
+  fs::path fixture_;  // zarr-python's steps, shared (testutil::eformer_steps_fixture)
+  fs::path work_;     // this test's own scratch
   std::vector<std::string> keys_;
   static inline int counter_ = 0;
 };
@@ -601,7 +601,7 @@ for path, name in [("model/layers/0/kernel", "model/layers.0.kernel"), ("model/l
 )PY";
   { std::ofstream(work_ / "check.py") << check; }
   const std::string cmd = "/usr/bin/python3 '" + (work_ / "check.py").string() + "' '" + (dir_ / "back-200").string() +
-                          "' '" + (work_ / "expected").string() + "' >'" + (work_ / "check.log").string() + "' 2>&1";
+                          "' '" + (fixture_ / "expected").string() + "' >'" + (work_ / "check.log").string() + "' 2>&1";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << "zarr-python on what ckptio wrote: " << read_file(work_ / "check.log");
 }
 

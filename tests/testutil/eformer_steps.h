@@ -11,6 +11,17 @@
 // Run with /usr/bin/python3 SCRIPT BASE EXPECTED.
 #pragma once
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <string>
+#include <system_error>
+
 namespace ckptio::testutil {
 
 // argv[1]: the base directory to write steps into; argv[2]: where to put each
@@ -68,5 +79,42 @@ write_step(100)
 write_step(200)
 write_step(300, complete=False)  # a save in progress: no metadata.json yet
 )PY";
+
+// The steps kWriteEformerSteps writes: <dir>/base (the steps) and
+// <dir>/expected (each leaf's bytes). Written once per script text and user
+// into the temporary directory and shared by every test process after that
+// (each test started Python twice, ~3 s, before). The files are made in a
+// directory of their own and renamed into place whole, so that tests running
+// side by side never see a half-written set; tests must not change them.
+// On failure returns an empty path with zarr-python's log in *error, and
+// *missing set when zarr-python or numcodecs cannot be imported.
+inline std::filesystem::path eformer_steps_fixture(std::string* error, bool* missing) {
+  namespace fs = std::filesystem;
+  const std::string script = kWriteEformerSteps;
+  char tag[40];
+  std::snprintf(tag, sizeof tag, "%016zx-%u", std::hash<std::string>{}(script), static_cast<unsigned>(::getuid()));
+  const fs::path dir = fs::temp_directory_path() / ("ckptio-eformer-steps-" + std::string(tag));
+  *missing = false;
+  if (fs::is_directory(dir / "expected")) return dir;
+  const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp / "base");
+  { std::ofstream(tmp / "write.py") << script; }
+  const std::string cmd = "/usr/bin/python3 '" + (tmp / "write.py").string() + "' '" + (tmp / "base").string() +
+                          "' '" + (tmp / "expected").string() + "' >'" + (tmp / "log").string() + "' 2>&1";
+  if (std::system(cmd.c_str()) != 0) {
+    std::ifstream in(tmp / "log");
+    *error = std::string(std::istreambuf_iterator<char>(in), {});
+    *missing = error->find("No module named") != std::string::npos;
+    fs::remove_all(tmp);
+    return {};
+  }
+  fs::remove(tmp / "write.py");
+  fs::remove(tmp / "log");
+  std::error_code ec;
+  fs::rename(tmp, dir, ec);  // another test may have put its own there first: keep that one
+  if (ec) fs::remove_all(tmp);
+  return dir;
+}
 
 }  // namespace ckptio::testutil

@@ -22,6 +22,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <random>
 #include <set>
@@ -452,6 +453,47 @@ TEST(GcRace, AStepCommittedWhileGcRunsKeepsItsData) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   expect_restored(*r, state);
   EXPECT_TRUE(m.verify(1).ok());
+}
+
+// What the commit throws (std::bad_alloc, where the system refuses memory)
+// fails the save, not the process: the step is not committed, gc removes
+// what the attempt left, and the manager saves again. (An exception on the
+// worker thread ended the process before.) The commit is the rename of the
+// attempt's directory on a POSIX-like store, the index PUT on an object store.
+TEST(WorkerExceptions, AnExceptionInTheCommitFailsTheSaveAndTheManagerGoesOn) {
+  for (const bool posix : {true, false}) {
+    SCOPED_TRACE(posix ? "rename" : "index PUT");
+    auto faults = make_fault_storage(make_memory_storage(posix));
+    ManagerOptions o;
+    o.chunk_size = 64 * 1024;
+    CheckpointManager m(faults, o);
+    const auto s1 = sample_state(51), s2 = sample_state(52), s3 = sample_state(53);
+    ASSERT_TRUE(m.save(1, views(s1)).value().wait().ok());
+    std::atomic<bool> armed{true};
+    faults->set_hook([&](FaultOp op, const std::string& key) {
+      const bool commit = posix ? op == FaultOp::kRename && key.find(".tmp-") != std::string::npos
+                                : op == FaultOp::kPut && key.find(kIndexFileName) != std::string::npos;
+      if (commit && armed.exchange(false)) throw std::bad_alloc();
+    });
+    auto h = m.save(2, views(s2));
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    const Status st = h->wait();
+    faults->set_hook(nullptr);
+    EXPECT_FALSE(armed.load()) << "the save never reached its commit";
+    EXPECT_EQ(st.code(), Code::kResourceExhausted) << st.to_string();
+    EXPECT_NE(st.message().find("commit"), std::string::npos) << st.to_string();
+    EXPECT_EQ(m.all_steps().value(), std::vector<int64_t>{1});
+    ASSERT_TRUE(m.gc().ok());
+    auto left = faults->list("run-2", false);
+    ASSERT_TRUE(left.ok()) << left.status().to_string();
+    EXPECT_TRUE(left->objects.empty() && left->prefixes.empty())
+        << left->objects.size() << " objects and " << left->prefixes.size() << " prefixes left after gc";
+    ASSERT_TRUE(m.save(3, views(s3)).value().wait().ok());
+    auto r = m.restore(std::nullopt);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->step, 3);
+    expect_restored(*r, s3);
+  }
 }
 
 // gc removes only what ckptio names (data-, manifest-, failed- and an

@@ -39,6 +39,7 @@
 #include "src/save/prepare_index.h"
 #include "src/save/save_job.h"
 #include "src/save/write_data.h"
+#include "src/util/allocate.h"
 #include "src/util/callback.h"
 #include "src/util/clock.h"
 #include "src/util/log.h"
@@ -181,11 +182,21 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
   bool outcome_unknown = false;  // the step may still be (or have been) committed: keep the files
   Status st = write_data(storage, *pool, job, crcs, stats.write_seconds, [&] { tell(true); });
   tell(st.ok());  // (the writes failed before all were queued, or none was)
-  if (job.group)
-    st = commit_group(*this, storage, owner->options().processes, job, crcs, st, stats.commit_seconds,
-                      &outcome_unknown);
-  else
-    st = commit_single(*this, storage, job, *index, st, stats.commit_seconds, &outcome_unknown);
+  // What the commit throws (std::bad_alloc where the system refuses memory)
+  // fails this save, not the process: nothing of the commit is in flight
+  // then. The step may have been committed before the throw, so its files
+  // stay for gc, as after an answer lost on its way back. (The write stage
+  // has no such guard: an exception there would unwind past writes in flight.)
+  try {
+    if (job.group)
+      st = commit_group(*this, storage, owner->options().processes, job, crcs, st, stats.commit_seconds,
+                        &outcome_unknown);
+    else
+      st = commit_single(*this, storage, job, *index, st, stats.commit_seconds, &outcome_unknown);
+  } catch (...) {
+    st = status_of_exception("commit");
+    outcome_unknown = true;
+  }
   if (!st.ok()) {
     discard_failed(storage, job, outcome_unknown);
     st = st.annotate("save step " + std::to_string(job.step));

@@ -7,6 +7,7 @@
 #include "ckptio/index.h"
 #include "src/save/build_index.h"
 #include "src/save/commit.h"
+#include "src/util/allocate.h"
 #include "src/util/async.h"
 #include "src/util/clock.h"
 
@@ -35,12 +36,8 @@ Status IndexPreparer::verdict() {
   // preparation threw (out of memory) fails this save, not the worker.
   try {
     return verdict_.get();
-  } catch (const std::bad_alloc&) {
-    return out_of_memory("prepare the index");
-  } catch (const std::exception& e) {
-    return internal_error(std::string("prepare the index: ") + e.what());
   } catch (...) {
-    return internal_error("prepare the index: an unknown exception");
+    return status_of_exception("prepare the index");
   }
 }
 

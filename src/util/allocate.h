@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <exception>
 #include <new>
 #include <string>
 
@@ -18,6 +19,21 @@ namespace ckptio {
 // when the system refuses the mapping. Buffer::allocate maps its large
 // buffers with it, the save's staging pool its chunks (types.cc).
 std::byte* map_aligned(size_t size, size_t alignment, size_t* mapped);
+
+// Inside a catch block: the exception being handled as the Status of
+// `what`: kResourceExhausted for std::bad_alloc (the system refused memory),
+// kInternal for anything else.
+inline Status status_of_exception(const std::string& what) {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return out_of_memory(what);
+  } catch (const std::exception& e) {
+    return internal_error(what + ": " + e.what());
+  } catch (...) {
+    return internal_error(what + ": an unknown exception");
+  }
+}
 
 inline Result<Buffer> allocate_or_status(size_t size, size_t alignment, const std::string& what) {
   try {

@@ -1,5 +1,5 @@
 // Steps in eformer's layout written by zarr-python as TensorStore writes
-// them, for the tests that read them (eformer_step_test.cc, convert_test.cc):
+// them, for the tests that read them (eformer_step_test.cc):
 // run-100 and run-200 complete, run-300 without metadata.json (in progress).
 // Leaves (prefix/path: dtype shape, chunks, codec):
 //   model/layers.0.kernel  bfloat16 [64, 48], [16, 48] row bands, zstd 1

@@ -483,6 +483,9 @@ TEST(WorkerExceptions, AnExceptionInTheCommitFailsTheSaveAndTheManagerGoesOn) {
     EXPECT_EQ(st.code(), Code::kResourceExhausted) << st.to_string();
     EXPECT_NE(st.message().find("commit"), std::string::npos) << st.to_string();
     EXPECT_EQ(m.all_steps().value(), std::vector<int64_t>{1});
+    // (The handle completes before the save leaves the attempts in flight,
+    // which gc spares: wait for that too.)
+    EXPECT_EQ(m.wait_until_finished().code(), Code::kResourceExhausted);
     ASSERT_TRUE(m.gc().ok());
     auto left = faults->list("run-2", false);
     ASSERT_TRUE(left.ok()) << left.status().to_string();

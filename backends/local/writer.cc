@@ -21,6 +21,7 @@
 // abort() waits for queued writes, closes and unlinks the temporary.
 #include "backends/local/writer.h"
 
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <mutex>
@@ -31,6 +32,7 @@
 
 #include "backends/local/fs.h"
 #include "backends/local/keys.h"
+#include "src/util/allocate.h"
 
 namespace ckptio::local {
 
@@ -55,16 +57,25 @@ class LocalWriter final : public WritableObject {
   void abort() override;
 
  private:
-  struct Batch {  // one write_async call; touched only on the ring thread after submit
+  // One write_async call. `remaining` counts its pieces in flight plus one
+  // reference of the submitting thread, so that the batch completes once
+  // every piece has and write_async() is done queueing them.
+  struct Batch {
     IoDone done;
-    size_t remaining = 0;
+    std::atomic<size_t> remaining{0};
+    std::mutex mu;  // guards `first`
     Status first;
+    void fail(Status st) {
+      std::lock_guard lock(mu);
+      if (first.ok()) first = std::move(st);
+    }
   };
   bool closed() {
     std::lock_guard lock(mu_);
     return closed_;
   }
   void on_piece(Batch& batch, uint64_t offset, const RingResult& r);
+  void release(Batch& batch, size_t refs);  // drops refs; the last completes the batch
   void wait_idle(std::unique_lock<std::mutex>& lock) {
     idle_.wait(lock, [&] { return pending_ == 0; });
   }
@@ -116,29 +127,71 @@ void LocalWriter::write_async(uint64_t offset, std::span<const std::byte> data, 
     if (--pending_ == 0) idle_.notify_all();
     return;
   }
-  auto* batch = new Batch{std::move(done), (data.size() + request_size_ - 1) / request_size_, {}};
-  auto* base = const_cast<std::byte*>(data.data());  // the ring only reads it
-  for (uint64_t at = 0; at < data.size(); at += request_size_) {
-    RingOp op;
-    op.kind = RingOp::Kind::kWrite;
-    op.fd = fd_;
-    op.buf = base + at;
-    op.len = std::min<uint64_t>(request_size_, data.size() - at);
-    op.offset = offset + at;
-    ring_->submit(op, [this, batch, off = op.offset](const RingResult& r) { on_piece(*batch, off, r); });
+  // Everything that may throw before a piece is in flight: if it does, the
+  // range was not accepted (storage.h), and `done` is not called.
+  const size_t pieces = (data.size() + request_size_ - 1) / request_size_;
+  std::unique_ptr<Batch> owned;
+  try {
+    owned = std::make_unique<Batch>();
+    owned->done = std::move(done);
+  } catch (...) {
+    std::lock_guard lock(mu_);
+    if (--pending_ == 0) idle_.notify_all();
+    throw;
   }
+  Batch* batch = owned.get();
+  batch->remaining.store(pieces + 1, std::memory_order_relaxed);
+  auto* base = const_cast<std::byte*>(data.data());  // the ring only reads it
+  size_t queued = 0;
+  try {
+    for (uint64_t at = 0; at < data.size(); at += request_size_) {
+      RingOp op;
+      op.kind = RingOp::Kind::kWrite;
+      op.fd = fd_;
+      op.buf = base + at;
+      op.len = std::min<uint64_t>(request_size_, data.size() - at);
+      op.offset = offset + at;
+      // Ring::submit queues the piece or throws having queued nothing.
+      ring_->submit(op, [this, batch, off = op.offset](const RingResult& r) { on_piece(*batch, off, r); });
+      if (++queued == 1) owned.release();  // the ring's pieces and this thread share it now
+    }
+  } catch (...) {
+    if (queued == 0) {  // nothing in flight: not accepted
+      owned.reset();
+      std::lock_guard lock(mu_);
+      if (--pending_ == 0) idle_.notify_all();
+      throw;
+    }
+    // Pieces are in flight: the range is accepted, and fails once they land.
+    batch->fail(status_or_out_of_memory([&] {
+      return out_of_memory("write " + path_ + ": queue the pieces of the range at offset " + std::to_string(offset) +
+                           " (" + std::to_string(queued) + " of " + std::to_string(pieces) + " queued)");
+    }));
+    release(*batch, pieces - queued + 1);
+    return;
+  }
+  release(*batch, 1);
 }
 
 void LocalWriter::on_piece(Batch& batch, uint64_t offset, const RingResult& r) {
-  if (r.err != 0 && batch.first.ok())
-    batch.first = Status::from_errno(r.err, "write " + path_ + " at offset " + std::to_string(offset));
-  if (--batch.remaining > 0) return;
+  if (r.err != 0)
+    batch.fail(status_or_out_of_memory(
+        [&] { return Status::from_errno(r.err, "write " + path_ + " at offset " + std::to_string(offset)); }));
+  release(batch, 1);
+}
+
+void LocalWriter::release(Batch& batch, size_t refs) {
+  if (batch.remaining.fetch_sub(refs, std::memory_order_acq_rel) != refs) return;
   std::unique_ptr<Batch> owned(&batch);
-  if (!batch.first.ok()) {
+  // Nothing here may throw: pieces of this write have landed, and its
+  // caller waits for `done`. (A copy of an error message needs memory.)
+  Status st = std::move(batch.first);
+  if (!st.ok()) {
+    Status kept = status_or_out_of_memory([&] { return st; });
     std::lock_guard lock(mu_);
-    if (first_error_.ok()) first_error_ = batch.first;
+    if (first_error_.ok()) first_error_ = std::move(kept);
   }
-  batch.done(batch.first);
+  batch.done(std::move(st));
   std::lock_guard lock(mu_);
   // Notify under the lock: once it is released, finish() may return and the
   // caller may destroy this object.

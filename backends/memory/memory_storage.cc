@@ -300,17 +300,21 @@ Status MemoryStorage::rename(const std::string& from, const std::string& to, Ren
   if (mode == RenameMode::kExchange && to_keys.empty())
     return not_found(describe() + "/" + to + ": nothing to exchange with");
 
-  // Take every node out first, then re-insert under the new names, so the two
-  // sets never collide mid-way. Node handles keep the contents in place.
+  // Every new name, and room for every node, first: what throws there
+  // (std::bad_alloc) changes nothing, so the rename stays all or nothing.
+  // Then take every node out and re-insert it under its new name, so the
+  // two sets never collide mid-way; none of that allocates (node handles
+  // keep the contents in place, and the names are moved in).
   using Node = decltype(objects_)::node_type;
+  std::vector<std::pair<const std::string*, std::string>> renames;
+  renames.reserve(from_keys.size() + to_keys.size());
+  for (const auto& k : from_keys) renames.emplace_back(&k, to + k.substr(from.size()));
+  for (const auto& k : to_keys) renames.emplace_back(&k, from + k.substr(to.size()));
   std::vector<Node> moving;
-  for (const auto& k : from_keys) {
-    moving.push_back(objects_.extract(k));
-    moving.back().key() = to + k.substr(from.size());
-  }
-  for (const auto& k : to_keys) {
-    moving.push_back(objects_.extract(k));
-    moving.back().key() = from + k.substr(to.size());
+  moving.reserve(renames.size());
+  for (auto& [old_key, new_key] : renames) {
+    moving.push_back(objects_.extract(*old_key));
+    moving.back().key() = std::move(new_key);
   }
   for (Node& n : moving) objects_.insert(std::move(n));
   return Status::OK();

@@ -11,6 +11,7 @@
 #include "backends/s3/checksum.h"
 #include "backends/s3/s3_storage_internal.h"
 #include "backends/s3/s3_xml.h"
+#include "src/util/allocate.h"
 #include "src/util/log.h"
 
 namespace ckptio::s3::storage_internal {
@@ -48,55 +49,59 @@ class S3Writer : public WritableObject {
       done(invalid_argument(c_.describe(key_) + ": more than 10000 parts; raise the part size"));
       return;
     }
-    // One callback for the whole range, when its last part lands.
-    struct Range {
-      std::mutex mu;
-      uint64_t left;
-      Status first;
-      IoDone done;
-    };
+    // One callback for the whole range, when its last part lands. `left`
+    // counts the parts in flight plus one reference of this call, until it
+    // has queued them all (storage.h: a range partly queued is accepted and
+    // fails). Until the first part is queued, a throw accepts nothing.
     auto range = std::make_shared<Range>();
-    range->left = parts;
+    range->left = parts + 1;
     range->done = std::move(done);
     {
       std::lock_guard lock(mu_);
-      outstanding_ += parts;
+      outstanding_ += parts + 1;
     }
-    for (uint64_t i = 0; i < parts; ++i) {
-      const uint64_t pn = first_part + i;
-      const uint64_t len = std::min<uint64_t>(part_, data.size() - i * part_);
-      S3Op op;
-      op.method = "PUT";
-      op.key = key_;
-      op.query = {{"partNumber", std::to_string(pn)}, {"uploadId", upload_id_}};
-      op.body = data.subspan(i * part_, len);
-      op.sign_payload = c_.config().sign_payloads;
-      // The part's checksum, listed again in CompleteMultipartUpload.
-      std::string crc = c_.config().checksums ? crc32c_base64(op.body) : std::string();
-      if (!crc.empty()) op.headers.emplace_back(kChecksumHeader, crc);
-      c_.execute(std::move(op), [this, range, pn, len, crc](Status st, HttpResponse r) {
-        const std::string* etag = r.header("etag");
-        if (st.ok() && !etag) st = io_error(c_.describe(key_) + ": UploadPart returned no ETag");
-        bool last = false;
-        IoDone cb;
-        {
-          std::lock_guard lock(range->mu);
-          if (!st.ok() && range->first.ok()) range->first = st;
-          last = --range->left == 0;
-          if (last) cb = std::move(range->done);
-        }
-        {
-          std::lock_guard lock(mu_);
-          if (st.ok()) parts_[pn] = {*etag, len, crc};
-          else if (first_.ok()) first_ = st;
-        }
-        if (last) cb(range->first);
-        {
-          std::lock_guard lock(mu_);
-          if (--outstanding_ == 0) cv_.notify_all();
-        }
-      });
+    uint64_t queued = 0;
+    try {
+      for (uint64_t i = 0; i < parts; ++i) {
+        const uint64_t pn = first_part + i;
+        const uint64_t len = std::min<uint64_t>(part_, data.size() - i * part_);
+        S3Op op;
+        op.method = "PUT";
+        op.key = key_;
+        op.query = {{"partNumber", std::to_string(pn)}, {"uploadId", upload_id_}};
+        op.body = data.subspan(i * part_, len);
+        op.sign_payload = c_.config().sign_payloads;
+        // The part's checksum, listed again in CompleteMultipartUpload.
+        std::string crc = c_.config().checksums ? crc32c_base64(op.body) : std::string();
+        if (!crc.empty()) op.headers.emplace_back(kChecksumHeader, crc);
+        // execute() queues the request or throws having queued nothing.
+        c_.execute(std::move(op), [this, range, pn, len, crc](Status st, HttpResponse r) {
+          const std::string* etag = r.header("etag");
+          if (st.ok() && !etag) st = io_error(c_.describe(key_) + ": UploadPart returned no ETag");
+          if (st.ok()) {
+            std::lock_guard lock(mu_);
+            parts_[pn] = {*etag, len, crc};
+          }
+          land(*range, std::move(st), 1);
+        });
+        ++queued;
+      }
+    } catch (...) {
+      if (queued == 0) {
+        std::lock_guard lock(mu_);
+        outstanding_ -= parts + 1;
+        if (outstanding_ == 0) cv_.notify_all();
+        throw;
+      }
+      land(*range, status_or_out_of_memory([&] {
+             return out_of_memory(c_.describe(key_) + ": queue the parts of the range at offset " +
+                                  std::to_string(offset) + " (" + std::to_string(queued) + " of " +
+                                  std::to_string(parts) + " queued)");
+           }),
+           parts - queued + 1);
+      return;
     }
+    land(*range, Status::OK(), 1);
   }
 
   Status finish(uint64_t final_size) override {
@@ -205,26 +210,33 @@ class S3Writer : public WritableObject {
       // (a save's bounded data objects): PUT it now, from the caller's
       // buffer, in parallel with the other objects. finish() then only
       // waits; abort() deletes it again.
-      {
-        std::lock_guard lock(mu_);
-        ++outstanding_;
-        single_sent_ = true;
-      }
       S3Op op;
       op.method = "PUT";
       op.key = key_;
       op.body = data;
       op.sign_payload = c_.config().sign_payloads;
-      c_.execute(std::move(op), [this, done = std::move(done)](Status st, HttpResponse) {
-        {
-          std::lock_guard lock(mu_);
-          if (st.ok()) single_stored_ = true;
-          else if (first_.ok()) first_ = st;
-        }
-        done(st);
+      {
         std::lock_guard lock(mu_);
+        ++outstanding_;
+        single_sent_ = true;
+      }
+      try {  // execute() queues the request or throws having queued nothing
+        c_.execute(std::move(op), [this, done = std::move(done)](Status st, HttpResponse) {
+          {
+            std::lock_guard lock(mu_);
+            if (st.ok()) single_stored_ = true;
+            else if (first_.ok()) first_ = status_or_out_of_memory([&] { return st; });
+          }
+          done(std::move(st));
+          std::lock_guard lock(mu_);
+          if (--outstanding_ == 0) cv_.notify_all();
+        });
+      } catch (...) {
+        std::lock_guard lock(mu_);
+        single_sent_ = false;
         if (--outstanding_ == 0) cv_.notify_all();
-      });
+        throw;
+      }
       return;
     }
     {
@@ -262,6 +274,38 @@ class S3Writer : public WritableObject {
     op.method = "PUT";
     op.key = key_;
     return c_.execute_sync(std::move(op)).first;
+  }
+
+  // A write_async() range of parts: its callback runs once the last lands.
+  struct Range {
+    std::mutex mu;
+    uint64_t left;
+    Status first;
+    IoDone done;
+  };
+  // `n` of the range's references are done, with `st`; the last runs its
+  // callback. Throws nothing (error copies fall back, status_or_out_of_memory).
+  void land(Range& range, Status st, uint64_t n) {
+    IoDone cb;
+    Status result;
+    Status for_object = st.ok() ? Status() : status_or_out_of_memory([&] { return st; });
+    {
+      std::lock_guard lock(range.mu);
+      if (!st.ok() && range.first.ok()) range.first = std::move(st);
+      range.left -= n;
+      if (range.left == 0) {
+        cb = std::move(range.done);
+        result = std::move(range.first);
+      }
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (!for_object.ok() && first_.ok()) first_ = std::move(for_object);
+    }
+    if (cb) cb(std::move(result));
+    std::lock_guard lock(mu_);
+    outstanding_ -= n;
+    if (outstanding_ == 0) cv_.notify_all();
   }
 
   Status wait_outstanding() {

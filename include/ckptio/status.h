@@ -1,5 +1,7 @@
 // Status and Result<T>: errors are values in ckptio. No exception crosses the
-// public API or the storage seam.
+// public API or the storage seam, but one: std::bad_alloc may leave a
+// backend's call (storage.h says what a write then did), and the core turns
+// it into kResourceExhausted (docs/reliability.md, "Out of memory").
 //
 // A Status carries a code and a human-readable message. Two properties matter
 // to callers beyond the code:

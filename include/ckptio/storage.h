@@ -58,6 +58,14 @@ struct StorageCaps {
 // stay valid until `done` runs. The length may exceed the final size by
 // padding up to the next multiple of alignment(); finish() trims the object
 // to `final_size`.
+//
+// Exceptions: write_async() either accepts the range, and then calls `done`
+// exactly once (possibly before it returns, on the caller's thread), or it
+// throws (std::bad_alloc where the system refuses memory) having accepted
+// nothing: `done` is not called and the object is as it was. A range the
+// backend could only partly queue (its first pieces in flight, memory refused
+// for the rest) is accepted and fails through `done` (kResourceExhausted),
+// once its queued pieces completed; finish() then fails too.
 class WritableObject {
  public:
   virtual ~WritableObject() = default;

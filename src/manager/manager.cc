@@ -25,6 +25,7 @@
 
 #include "src/layout/layout.h"
 #include "src/manager/manager_impl.h"
+#include "src/util/allocate.h"
 #include "src/save/commit.h"
 #include "src/save/save_plan.h"
 #include "src/util/log.h"
@@ -160,7 +161,13 @@ Result<SaveHandle> CheckpointManager::save(int64_t step, std::vector<LeafView>&&
 Result<SaveHandle> CheckpointManager::save_taken(int64_t step, std::vector<LeafView>&& state,
                                                  const SaveOptions& options, Clock::time_point t0) {
   CKPTIO_RETURN_IF_ERROR(check_process());
-  return impl_->submit(step, std::move(state), options, t0);
+  // What throws (std::bad_alloc) comes before the save is queued; it gave
+  // its slot back (Impl::submit_attempt), and nothing of it is in flight.
+  try {
+    return impl_->submit(step, std::move(state), options, t0);
+  } catch (...) {
+    return status_or_out_of_memory([&] { return status_of_exception("save step " + std::to_string(step)); });
+  }
 }
 
 Result<std::vector<int64_t>> CheckpointManager::all_steps() {

@@ -28,7 +28,18 @@ Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std:
       retiring.insert(s);                // and no reader marks it until it is out
     }
     // Out of the committed set first; then its bytes, now or by the reaper.
-    auto rest = retire_committed_step(owner->storage(), naming.name(s));
+    // (The mark goes also when that throws: a reader would wait on it forever.)
+    Result<std::string> rest = Status(Code::kInternal, "not retired");
+    try {
+      rest = retire_committed_step(owner->storage(), naming.name(s));
+    } catch (...) {
+      {
+        std::lock_guard lock(mu);
+        retiring.erase(s);
+      }
+      cv.notify_all();
+      throw;
+    }
     {
       std::lock_guard lock(mu);
       retiring.erase(s);

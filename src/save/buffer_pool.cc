@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include <sys/mman.h>
@@ -106,15 +107,26 @@ Status BufferPool::reserve(uint64_t n, bool lift) {
     make = n - allocated_;
     allocated_ = n;
   }
-  std::vector<std::byte*> made;
-  made.reserve(make);
+  // Both lists' room first: refused, the count goes back and nothing else
+  // changed (refused_locked may move every free buffer to `unmap`).
+  std::vector<std::byte*> made, unmap;
+  try {
+    made.reserve(make);
+    unmap.reserve(capacity_);
+  } catch (const std::bad_alloc&) {
+    {
+      std::lock_guard lock(mu_);
+      allocated_ -= make;
+    }
+    cv_.notify_all();
+    return ckptio::out_of_memory("the staging pool's list of " + std::to_string(make) + " buffers");
+  }
   for (uint64_t i = 0; i < make; ++i) {
     std::byte* b = allocate_buffer();
     if (!b) break;
     populate(b);
     made.push_back(b);
   }
-  std::vector<std::byte*> unmap;
   {
     std::lock_guard lock(mu_);
     allocated_ -= make - made.size();

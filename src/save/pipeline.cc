@@ -174,24 +174,37 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
   // A single-process save's index is prepared while the data is written
   // (IndexPreparer). It lives to the end of the job: its thread frees the
   // indexes while the commit publishes, and is waited for only here.
+  // Without the memory for it the save fails, once the write stage has
+  // drained what the copiers staged (job.fail stops them).
   std::optional<IndexPreparer> index;
-  if (!job.group) index.emplace(storage, job, crcs);
+  try {
+    if (!job.group) index.emplace(storage, job, crcs);
+  } catch (...) {
+    job.fail(status_or_out_of_memory([&] { return status_of_exception("prepare the index"); }));
+  }
   auto tell = [&](bool ok) {
     if (index) index->checksums_known(ok);
   };
   bool outcome_unknown = false;  // the step may still be (or have been) committed: keep the files
-  Status st = write_data(storage, *pool, job, crcs, stats.write_seconds, [&] { tell(true); });
+  // What the write stage throws (std::bad_alloc where the system refuses
+  // memory) fails this save, not the process: write_data catches it while
+  // queueing, and waits for what is in flight before anything it throws
+  // later (finishing the files) can unwind.
+  Status st;
+  try {
+    st = write_data(storage, *pool, job, crcs, stats.write_seconds, [&] { tell(true); });
+  } catch (...) {
+    st = status_or_out_of_memory([&] { return status_of_exception("write data"); });
+  }
   tell(st.ok());  // (the writes failed before all were queued, or none was)
-  // What the commit throws (std::bad_alloc where the system refuses memory)
-  // fails this save, not the process: nothing of the commit is in flight
-  // then. The step may have been committed before the throw, so its files
-  // stay for gc, as after an answer lost on its way back. (The write stage
-  // has no such guard: an exception there would unwind past writes in flight.)
+  // What the commit throws fails this save too: nothing of the commit is in
+  // flight then. The step may have been committed before the throw, so its
+  // files stay for gc, as after an answer lost on its way back.
   try {
     if (job.group)
       st = commit_group(*this, storage, owner->options().processes, job, crcs, st, stats.commit_seconds,
                         &outcome_unknown);
-    else
+    else if (index)  // (else the save failed without one: st says why)
       st = commit_single(*this, storage, job, *index, st, stats.commit_seconds, &outcome_unknown);
   } catch (...) {
     st = status_of_exception("commit");
@@ -216,7 +229,11 @@ void CheckpointManager::Impl::finish_job(SaveJob& job, const Status& st, const S
   // waited on the handle knows its callback has run.
   if (options.on_commit)
     run_callback("on_commit", job.step, [&] { options.on_commit(CommitEvent{job.step, st, stats}); });
-  job.handle->finish(st, stats);
+  // Nothing from here may throw (the worker goes on to the next save): the
+  // copies of an error fall back to a bare kResourceExhausted, and what
+  // retention throws is its failure.
+  job.handle->finish(status_or_out_of_memory([&] { return st; }), stats);
+  Status kept = st.ok() ? Status() : status_or_out_of_memory([&] { return st; });
   // Retention is the committer's job: process 0 of a group (the reaper
   // runs only there).
   const bool retention = st.ok() && reaper.joinable();
@@ -230,7 +247,7 @@ void CheckpointManager::Impl::finish_job(SaveJob& job, const Status& st, const S
     attempts_in_flight.erase(job.paths.attempt);
     if (auto it = eformer_steps_in_flight.find(job.paths.final_dir); job.eformer && it != eformer_steps_in_flight.end())
       eformer_steps_in_flight.erase(it);
-    if (!st.ok() && first_error.ok()) first_error = st;
+    if (!kept.ok() && first_error.ok()) first_error = std::move(kept);
     --in_flight;
     if (retention) ++retaining;
   }
@@ -240,19 +257,24 @@ void CheckpointManager::Impl::finish_job(SaveJob& job, const Status& st, const S
   // rename, or an index deleted); the reaper removes their bytes while the
   // next save writes (the next save waited for that before: 0.1-0.2 s per
   // GiB on local disk, bench/back_to_back.py).
+  // (What it throws retired some steps at most: their bytes stay for gc.)
   RetentionEvent r;
   r.after_step = job.step;
   std::vector<std::string> reap;
-  r.status = retain(options.max_to_keep, options.keep_every, &r.deleted, &reap);
-  if (!r.status.ok()) logging::warn("ckptio: retention after step {}: {}", job.step, r.status.to_string());
-  if (!reap.empty()) {
-    {
-      std::lock_guard lock(mu);
-      reaping += static_cast<int>(reap.size());
-      to_reap.insert(to_reap.end(), reap.begin(), reap.end());
+  try {
+    r.status = retain(options.max_to_keep, options.keep_every, &r.deleted, &reap);
+    if (!reap.empty()) {
+      {
+        std::lock_guard lock(mu);
+        to_reap.insert(to_reap.end(), reap.begin(), reap.end());  // all or nothing
+        reaping += static_cast<int>(reap.size());
+      }
+      cv.notify_all();
     }
-    cv.notify_all();
+  } catch (...) {
+    r.status = status_or_out_of_memory([&] { return status_of_exception("retention (gc removes what it retired)"); });
   }
+  if (!r.status.ok()) logging::warn("ckptio: retention after step {}: {}", job.step, r.status.to_string());
   if (options.on_retention) run_callback("on_retention", job.step, [&] { options.on_retention(r); });
   {
     std::lock_guard lock(mu);

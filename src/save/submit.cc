@@ -145,17 +145,30 @@ Result<SaveHandle> CheckpointManager::Impl::submit_attempt(int64_t step, std::ve
     cv.wait(lock, [&] { return in_flight < owner->options().max_in_flight; });
     ++in_flight;
   }
-  auto release_slot = [&] {
-    { std::lock_guard lock(mu); --in_flight; }
-    cv.notify_all();
-  };
+  // The slot goes back when the save is refused, also by what throws
+  // (std::bad_alloc: CheckpointManager::save turns it into a Status), until
+  // the job is queued. Once queued, nothing below throws (copy_state
+  // publishes every range it claims), and the worker frees the slot.
+  struct Slot {
+    Impl& impl;
+    bool held = true;
+    void release() {
+      if (!std::exchange(held, false)) return;
+      {
+        std::lock_guard lock(impl.mu);
+        --impl.in_flight;
+      }
+      impl.cv.notify_all();
+    }
+    ~Slot() { release(); }
+  } slot{*this};
 
   const bool eformer = owner->options().layout == zarr::kEformerLayout;
   if (!options.overwrite && !eformer) {  // (the eformer writer refuses an existing step itself)
     Storage& storage = owner->storage();
     auto st = storage.stat(index_key(final_dir));
     if (st.ok()) {
-      release_slot();
+      slot.release();
       return Status(Code::kAlreadyExists, "step " + std::to_string(step) + " is already committed at " +
                                               storage.describe() + "/" + final_dir +
                                               " (pass overwrite to replace it)");
@@ -169,7 +182,7 @@ Result<SaveHandle> CheckpointManager::Impl::submit_attempt(int64_t step, std::ve
     planned = out_of_memory("planning the save of step " + std::to_string(step));
   }
   if (!planned.ok()) {
-    release_slot();
+    slot.release();
     return planned.status();
   }
   std::shared_ptr<SaveJob> job = std::move(planned).value();
@@ -181,13 +194,26 @@ Result<SaveHandle> CheckpointManager::Impl::submit_attempt(int64_t step, std::ve
   if (job->copy_mode && !job->eformer) turn = std::unique_lock(copy_turn);
   {
     std::lock_guard lock(mu);
-    attempts_in_flight.insert(job->paths.attempt);
-    if (job->eformer) eformer_steps_in_flight.insert(job->paths.final_dir);
-    if (gcs_running > 0) {
-      attempts_seen_by_gc.insert(job->paths.attempt);
-      if (job->eformer) eformer_steps_seen_by_gc.insert(job->paths.final_dir);
+    // All or nothing: a throw takes back what was inserted (the attempt id
+    // is new; the step's name may be in flight already, so only this one).
+    std::multiset<std::string>::iterator eformer_step = eformer_steps_in_flight.end();
+    bool in_flight_set = false, seen_by_gc = false, step_seen_by_gc = false;
+    try {
+      in_flight_set = attempts_in_flight.insert(job->paths.attempt).second;
+      if (job->eformer) eformer_step = eformer_steps_in_flight.insert(job->paths.final_dir);
+      if (gcs_running > 0) {
+        seen_by_gc = attempts_seen_by_gc.insert(job->paths.attempt).second;
+        if (job->eformer) step_seen_by_gc = eformer_steps_seen_by_gc.insert(job->paths.final_dir).second;
+      }
+      queue.push_back(job);
+    } catch (...) {
+      if (in_flight_set) attempts_in_flight.erase(job->paths.attempt);
+      if (eformer_step != eformer_steps_in_flight.end()) eformer_steps_in_flight.erase(eformer_step);
+      if (seen_by_gc) attempts_seen_by_gc.erase(job->paths.attempt);
+      if (step_seen_by_gc) eformer_steps_seen_by_gc.erase(job->paths.final_dir);
+      throw;
     }
-    queue.push_back(job);
+    slot.held = false;  // the worker's now
   }
   cv.notify_all();
 

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "src/save/stage.h"
+#include "src/util/allocate.h"
 #include "src/util/clock.h"
 #include "src/util/crc32c.h"
 
@@ -91,17 +92,30 @@ class PendingWrites {
   // Writes [data, data + n) at `offset` of `w`; `pooled`, a pool buffer or
   // null, goes back to the pool once written. `payload` (<= n) is what the
   // range holds of the file; the rest is the padding of its last write.
+  //
+  // Never throws: a write the backend refuses to accept for want of memory
+  // (write_async throws having accepted nothing, storage.h) is a failed
+  // write, and `pooled` goes back to the pool here.
   void queue(WritableObject& w, uint64_t offset, const std::byte* data, uint64_t n, std::byte* pooled,
              uint64_t payload) {
     { std::lock_guard lock(mu_); ++count_; }
     progress_.staged.fetch_add(payload, std::memory_order_release);
-    w.write_async(offset, std::span<const std::byte>(data, n), [this, pooled, payload](Status st) {
+    try {
+      w.write_async(offset, std::span<const std::byte>(data, n), [this, pooled, payload](Status st) {
+        if (pooled) pool_.release(pooled);
+        if (st.ok()) progress_.written.fetch_add(payload, std::memory_order_release);
+        std::lock_guard lock(mu_);
+        if (!st.ok() && first_.ok()) first_ = std::move(st);
+        if (--count_ == 0) cv_.notify_all();
+      });
+    } catch (...) {
+      Status st = status_or_out_of_memory([&] { return status_of_exception("queue a write"); });
+      progress_.staged.fetch_sub(payload, std::memory_order_release);
       if (pooled) pool_.release(pooled);
-      if (st.ok()) progress_.written.fetch_add(payload, std::memory_order_release);
       std::lock_guard lock(mu_);
-      if (!st.ok() && first_.ok()) first_ = st;
+      if (first_.ok()) first_ = std::move(st);
       if (--count_ == 0) cv_.notify_all();
-    });
+    }
   }
   bool failed() {
     std::lock_guard lock(mu_);
@@ -203,7 +217,15 @@ Status write_data(Storage& storage, BufferPool& pool, SaveJob& job, std::vector<
   const auto t0 = std::chrono::steady_clock::now();
   DataFiles files(storage, job);
   PendingWrites pending(pool, *job.handle);
-  queue_writes(pool, job, files, pending, crcs);
+  // What queueing throws (std::bad_alloc from a file's creation, a staging
+  // copy's bookkeeping) fails the save here, before `files` and `pending`
+  // go: the writes already queued land first (pending.wait()).
+  try {
+    queue_writes(pool, job, files, pending, crcs);
+  } catch (...) {
+    pending.fail(status_or_out_of_memory([&] { return status_of_exception("queue the writes"); }));
+    job.failed = true;
+  }
   if (queued && !job.failed && !pending.failed()) queued();
   Status st = pending.wait();
   drain_ready(job, pool);

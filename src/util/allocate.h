@@ -35,6 +35,20 @@ inline Status status_of_exception(const std::string& what) {
   }
 }
 
+// The Status `make()` builds, or, when building its message needs memory the
+// system refuses too, a bare kResourceExhausted whose message fits the
+// string's inline buffer (so that the fallback allocates nothing). For the
+// paths that must report a failure and cannot throw: a write already
+// partly in flight.
+template <typename F>
+Status status_or_out_of_memory(F&& make) noexcept {
+  try {
+    return make();
+  } catch (...) {
+    return Status(Code::kResourceExhausted, "out of memory");
+  }
+}
+
 inline Result<Buffer> allocate_or_status(size_t size, size_t alignment, const std::string& what) {
   try {
     return Buffer::allocate(size, alignment);

@@ -7,19 +7,23 @@
 
 #include <future>
 #include <memory>
+#include <new>
 #include <system_error>
 #include <type_traits>
 #include <utility>
 
 namespace ckptio {
 
-// f on a new thread, or no future (invalid) when no thread can be had: the
-// caller then does the work itself, on its own thread.
+// f on a new thread, or no future (invalid) when no thread can be had (nor
+// the memory to start one): the caller then does the work itself, on its own
+// thread.
 template <class F>
 std::future<std::invoke_result_t<F>> try_async(F&& f) {
   try {
     return std::async(std::launch::async, std::forward<F>(f));
   } catch (const std::system_error&) {
+    return {};
+  } catch (const std::bad_alloc&) {
     return {};
   }
 }

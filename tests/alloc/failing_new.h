@@ -1,0 +1,23 @@
+// Allocation failure on demand, for the sweeps in alloc_failure_sweep.cc:
+// this binary replaces the global operator new (failing_new.cc) with one that
+// throws std::bad_alloc at the n-th allocation a chosen thread makes after
+// arming, once. Everything else allocates with malloc, as usual.
+//
+// A thread at a real memory limit fails every allocation after some point;
+// a sweep that fails one allocation at a time, for every n in turn, reaches
+// each allocation's error path, which a limit reaches only at random (the
+// RLIMIT_AS tests of out_of_memory_test.cc).
+#pragma once
+
+#include <cstdint>
+#include <thread>
+
+namespace ckptio::testutil {
+
+// From now on, the n-th (1-based) allocation by operator new on `thread`
+// throws std::bad_alloc, once; other threads are never failed.
+void fail_nth_allocation(std::thread::id thread, int64_t n);
+// Stops a failure not yet thrown. True when the armed failure was thrown.
+bool disarm_allocation_failure();
+
+}  // namespace ckptio::testutil

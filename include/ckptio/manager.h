@@ -537,6 +537,11 @@ class CheckpointManager {
   Result<SaveHandle> save_taken(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options,
                                 std::chrono::steady_clock::time_point called);
 
+  // restore() and verify() but for what they throw (std::bad_alloc: those
+  // return it as kResourceExhausted; nothing of theirs is in flight then).
+  Result<RestoredState> restore_or_throw(std::optional<int64_t> step, const RestoreOptions& options);
+  Status verify_or_throw(int64_t step, const ProgressHook& on_progress);
+
   // OK in the process that made this manager; kFailedPrecondition in a child.
   Status check_process() const;
 

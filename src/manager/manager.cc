@@ -31,21 +31,38 @@
 #include "src/util/log.h"
 
 namespace ckptio {
+namespace {
+
+// The manager's calls return what they throw (std::bad_alloc where the
+// system refuses memory) as their Status: none has work in flight as it unwinds.
+// (save() and restore() guard their own; tests/alloc sweeps them all.)
+template <typename F>
+auto returning_exceptions(const char* what, F&& call) -> decltype(call()) {
+  try {
+    return call();
+  } catch (...) {
+    return status_or_out_of_memory([&] { return status_of_exception(what); });
+  }
+}
+
+}  // namespace
 
 using Clock = std::chrono::steady_clock;
 
 Result<std::unique_ptr<CheckpointManager>> CheckpointManager::open(const std::string& uri,
                                                                    ManagerOptions options,
                                                                    const StorageOptions& storage) {
-  CKPTIO_ASSIGN_OR_RETURN(auto backend, open_storage(uri, storage));
-  auto naming = StepNaming::make(options.step_format);
-  if (!naming.ok()) return naming.status();
-  try {
+  try {  // (the backend's own allocations and threads too)
+    CKPTIO_ASSIGN_OR_RETURN(auto backend, open_storage(uri, storage));
+    auto naming = StepNaming::make(options.step_format);
+    if (!naming.ok()) return naming.status();
     return std::make_unique<CheckpointManager>(std::move(backend), std::move(options));
   } catch (const std::system_error& e) {  // its worker thread (a process at its thread or memory limit)
-    return Status(Code::kResourceExhausted, "open a checkpoint manager of " + uri + ": " + e.what());
-  } catch (const std::bad_alloc&) {
-    return out_of_memory("open a checkpoint manager of " + uri);
+    return status_or_out_of_memory([&] {
+      return Status(Code::kResourceExhausted, "open a checkpoint manager of " + uri + ": " + e.what());
+    });
+  } catch (...) {
+    return status_or_out_of_memory([&] { return status_of_exception("open a checkpoint manager of " + uri); });
   }
 }
 
@@ -144,7 +161,9 @@ Status CheckpointManager::wait_until_finished() {
 Status CheckpointManager::prepare_staging(uint64_t state_bytes) {
   CKPTIO_RETURN_IF_ERROR(check_process());
   if (options_.staging != StagingMode::kCopy) return Status::OK();
-  return impl_->pool->reserve(state_bytes / impl_->chunk + (state_bytes % impl_->chunk != 0), /*lift=*/true);
+  return returning_exceptions("prepare staging", [&] {
+    return impl_->pool->reserve(state_bytes / impl_->chunk + (state_bytes % impl_->chunk != 0), /*lift=*/true);
+  });
 }
 
 Result<SaveHandle> CheckpointManager::save(int64_t step, const std::vector<LeafView>& state,
@@ -172,42 +191,48 @@ Result<SaveHandle> CheckpointManager::save_taken(int64_t step, std::vector<LeafV
 
 Result<std::vector<int64_t>> CheckpointManager::all_steps() {
   CKPTIO_RETURN_IF_ERROR(check_process());
-  return impl_->committed_steps(/*parse=*/true, /*newest_only=*/false);
+  return returning_exceptions("list the committed steps",
+                              [&] { return impl_->committed_steps(/*parse=*/true, /*newest_only=*/false); });
 }
 
 Result<std::optional<int64_t>> CheckpointManager::latest_step() {
   CKPTIO_RETURN_IF_ERROR(check_process());
-  CKPTIO_ASSIGN_OR_RETURN(auto steps, impl_->committed_steps(true, true));
-  if (steps.empty()) return std::optional<int64_t>();
-  return std::optional<int64_t>(steps.back());
+  return returning_exceptions("find the latest step", [&]() -> Result<std::optional<int64_t>> {
+    CKPTIO_ASSIGN_OR_RETURN(auto steps, impl_->committed_steps(true, true));
+    if (steps.empty()) return std::optional<int64_t>();
+    return std::optional<int64_t>(steps.back());
+  });
 }
 
 Result<std::vector<StepInfo>> CheckpointManager::list_step_dirs() {
   CKPTIO_RETURN_IF_ERROR(check_process());
-  return impl_->step_dirs();
+  return returning_exceptions("list the step directories", [&] { return impl_->step_dirs(); });
 }
 
 Result<Index> CheckpointManager::read_index(int64_t step) {
   CKPTIO_RETURN_IF_ERROR(check_process());
-  const std::string dir = impl_->naming.name(step);
-  CKPTIO_ASSIGN_OR_RETURN(auto index, impl_->load_index(dir));
-  if (!index) return impl_->missing_index(dir, step);
-  return std::move(*index);
+  return returning_exceptions("read an index", [&]() -> Result<Index> {
+    const std::string dir = impl_->naming.name(step);
+    CKPTIO_ASSIGN_OR_RETURN(auto index, impl_->load_index(dir));
+    if (!index) return impl_->missing_index(dir, step);
+    return std::move(*index);
+  });
 }
 
 Status CheckpointManager::remove_step(int64_t step) {
   CKPTIO_RETURN_IF_ERROR(check_process());
-  return delete_committed_step(*storage_, impl_->naming.name(step));
+  return returning_exceptions("remove a step",
+                              [&] { return delete_committed_step(*storage_, impl_->naming.name(step)); });
 }
 
 Status CheckpointManager::apply_retention(int max_to_keep, int64_t keep_every) {
   CKPTIO_RETURN_IF_ERROR(check_process());
-  return impl_->retain(max_to_keep, keep_every, nullptr);
+  return returning_exceptions("retention", [&] { return impl_->retain(max_to_keep, keep_every, nullptr); });
 }
 
 Status CheckpointManager::gc(const GcOptions& options) {
   CKPTIO_RETURN_IF_ERROR(check_process());
-  return impl_->gc(options);
+  return returning_exceptions("gc", [&] { return impl_->gc(options); });
 }
 
 }  // namespace ckptio

@@ -25,6 +25,7 @@
 #include "src/restore/restore_whole.h"
 #include "src/sharding/regex.h"
 #include "src/transform/cast.h"
+#include "src/util/allocate.h"
 #include "src/util/log.h"
 
 namespace ckptio {
@@ -136,6 +137,17 @@ ArenaLayout restore_arena_layout(const Index& index, uint64_t read_alignment) {
 
 Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
                                                  const RestoreOptions& options) {
+  // The reads in flight are the read executor's, which drains them before
+  // anything unwinds past it (restore_index).
+  try {
+    return restore_or_throw(step, options);
+  } catch (...) {
+    return status_or_out_of_memory([&] { return status_of_exception("restore"); });
+  }
+}
+
+Result<RestoredState> CheckpointManager::restore_or_throw(std::optional<int64_t> step,
+                                                          const RestoreOptions& options) {
   CKPTIO_RETURN_IF_ERROR(check_process());
   // The index's fetch and parse, counted into the restore's stats.
   auto with_index_time = [](Result<RestoredState> r, Clock::time_point t0, Clock::time_point t1) {

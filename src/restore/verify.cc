@@ -15,6 +15,7 @@
 #include "src/layout/zarr/eformer_step.h"
 #include "src/restore/read_executor.h"
 #include "src/restore/restore_zarr.h"
+#include "src/util/allocate.h"
 #include "src/util/crc32c.h"
 
 namespace ckptio {
@@ -100,6 +101,15 @@ class Verifier : public ReadConsumer {
 }  // namespace
 
 Status CheckpointManager::verify(int64_t step, const ProgressHook& on_progress) {
+  // (The read executor drains its reads before anything unwinds past it.)
+  try {
+    return verify_or_throw(step, on_progress);
+  } catch (...) {
+    return status_or_out_of_memory([&] { return status_of_exception("verify step " + std::to_string(step)); });
+  }
+}
+
+Status CheckpointManager::verify_or_throw(int64_t step, const ProgressHook& on_progress) {
   CKPTIO_RETURN_IF_ERROR(check_process());
   Impl::ReadMark mark(impl_.get(), step);  // retention leaves the step alone meanwhile
   CKPTIO_ASSIGN_OR_RETURN(Index index, read_index(step));

@@ -8,7 +8,7 @@ Crew::Crew(unsigned helpers) {
   try {
     threads_.reserve(helpers);
     for (unsigned i = 0; i < helpers; ++i) threads_.emplace_back([this] { loop(); });
-  } catch (const std::system_error&) {  // a process at its thread or memory limit: fewer helpers
+  } catch (...) {  // a process at its thread or memory limit (std::system_error, std::bad_alloc): fewer helpers
   }
 }
 

@@ -11,9 +11,15 @@
 // step restores, and the next save works; after the sweep, gc() leaves
 // nothing but committed steps (docs/reliability.md, "Out of memory"). The
 // ring's and the HTTP client's threads, and the copy crew's, are not failed.
+//
+// And a restore's, on the caller's thread: the latest step bit-exact, or
+// kResourceExhausted; never an older step or another status.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
+#include <exception>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -43,6 +49,9 @@ std::vector<OwnedLeaf> small_state(uint64_t seed) {
   return s;
 }
 
+// Write ranges (and staging chunks) of the sweeps: several per file.
+constexpr uint64_t kChunk = 64 * 1024;
+
 class AllocSweep : public testutil::S3BackendTest {
  protected:
   AllocSweep() : S3BackendTest("ckptio-alloc-") {}
@@ -57,7 +66,6 @@ class AllocSweep : public testutil::S3BackendTest {
     EXPECT_TRUE(local.ok()) << local.status().to_string();
     return local.ok() ? make_fault_storage(*local) : faults_;
   }
-  static constexpr uint64_t kChunk = 64 * 1024;
 };
 
 // Whose allocations fail: the worker's (the write stage, the commit,
@@ -161,6 +169,218 @@ TEST_P(AllocSweep, EachAllocationOfTheCallersSaveFailsOnlyThatSaveCopyMode) {
 TEST_P(AllocSweep, EachAllocationOfTheCallersSaveFailsOnlyThatSaveBorrowMode) {
   sweep(store(), StagingMode::kBorrow, kChunk, Failing::kCaller);
 }
+
+// The same for restore(), on the caller's thread: for n = 1, 2, ... the n-th
+// allocation of one restore throws. The restore returns the latest step
+// bit-exact, or kResourceExhausted: never another status (an out-of-memory
+// called damage would send a restart to an older step), never an older step,
+// never an exception out of the API. Whole leaves, and into a sharding (two
+// devices, rows split; the planner, the executor and the device buffers).
+void sweep_restore(const std::shared_ptr<Storage>& storage, bool sharded) {
+  ManagerOptions o;
+  o.chunk_size = kChunk;
+  CheckpointManager m(storage, o);
+  const std::vector<OwnedLeaf> older = small_state(1), latest = small_state(2);
+  ASSERT_TRUE(m.save(1, testutil::views(older)).value().wait().ok());
+  ASSERT_TRUE(m.save(2, testutil::views(latest)).value().wait().ok());
+
+  RestoreOptions ro;
+  if (sharded) {
+    RestoreOptions::Sharding sh;
+    sh.mesh = Mesh::create({{"dp", 2}}).value();
+    for (const OwnedLeaf& l : latest) {
+      PartitionSpec spec;  // scalars and empty leaves: replicated
+      if (l.shape.size() == 2 && l.shape[0] > 0) spec = PartitionSpec::of({{"dp"}, {}});
+      else if (l.shape.size() == 2) spec = PartitionSpec::of({{}, {}});
+      sh.leaves.push_back(LeafSharding{l.prefix, l.path, l.shape, spec, -1});
+    }
+    ro.sharding = std::move(sh);
+  }
+  // What a restore without a failure gives: the reference.
+  auto want = m.restore(std::nullopt, ro);
+  ASSERT_TRUE(want.ok()) << want.status().to_string();
+  ASSERT_EQ(want->step, 2);
+  if (!sharded) testutil::expect_restored(*want, latest);
+  auto same = [&](const RestoredState& got) {
+    ASSERT_EQ(got.leaves.size(), want->leaves.size());
+    for (size_t i = 0; i < got.leaves.size(); ++i) {
+      const Tensor &g = got.leaves[i], &w = want->leaves[i];
+      EXPECT_EQ(g.path, w.path);
+      ASSERT_EQ(g.data.size(), w.data.size()) << g.path;
+      if (g.data.size()) EXPECT_EQ(std::memcmp(g.data.data(), w.data.data(), g.data.size()), 0) << g.path;
+      ASSERT_EQ(g.device_shards.size(), w.device_shards.size()) << g.path;
+      for (size_t d = 0; d < g.device_shards.size(); ++d) {
+        const Buffer &gb = g.device_shards[d].data, &wb = w.device_shards[d].data;
+        ASSERT_EQ(gb.size(), wb.size()) << g.path << " device " << d;
+        if (gb.size()) EXPECT_EQ(std::memcmp(gb.data(), wb.data(), gb.size()), 0) << g.path << " device " << d;
+      }
+    }
+  };
+
+  int failed = 0, absorbed = 0;
+  for (int64_t n = 1;; ++n) {
+    SCOPED_TRACE("allocation " + std::to_string(n) + " of the restore fails");
+    testutil::fail_nth_allocation(std::this_thread::get_id(), n);
+    Result<RestoredState> r = Status(Code::kInternal, "not run");
+    try {
+      r = m.restore(std::nullopt, ro);
+    } catch (const std::exception& e) {
+      testutil::disarm_allocation_failure();
+      FAIL() << "restore() threw " << e.what();
+    }
+    const bool fired = testutil::disarm_allocation_failure();
+    if (!fired) {
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      EXPECT_GT(n, 20) << "a restore allocates more than this";
+      same(*r);
+      break;
+    }
+    if (r.ok()) {
+      ++absorbed;
+      ASSERT_EQ(r->step, 2) << "an older step, for want of memory";
+      same(*r);
+    } else {
+      ++failed;
+      ASSERT_EQ(r.status().code(), Code::kResourceExhausted) << r.status().to_string();
+    }
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  std::printf("sweep: %d restores failed, %d absorbed their failure\n", failed, absorbed);
+}
+
+// The manager's other calls, on the caller's thread: each returns its answer
+// or kResourceExhausted, never another status (verify() never calls an
+// intact step damaged for want of memory) and never an exception.
+TEST_P(AllocSweep, EachAllocationOfTheManagersOtherCallsFailsOnlyThatCall) {
+  ManagerOptions o;
+  o.chunk_size = kChunk;
+  CheckpointManager m(store(), o);
+  const std::vector<OwnedLeaf> state = small_state(7);
+  ASSERT_TRUE(m.save(1, testutil::views(state)).value().wait().ok());
+  ASSERT_TRUE(m.save(2, testutil::views(state)).value().wait().ok());
+  // Each call disarms the failure as soon as it returns (stop()), so that
+  // the checks of its answer, which allocate too, are not failed.
+  bool fired = false;
+  auto stop = [&] { fired = testutil::disarm_allocation_failure(); };
+  struct Call {
+    const char* name;
+    std::function<Status()> run;  // the call's status; its answer checked here
+  };
+  const std::vector<Call> calls = {
+      {"latest_step", [&]() -> Status {
+         auto r = m.latest_step();
+         stop();
+         if (r.ok() && *r != std::optional<int64_t>(2)) return internal_error("latest_step is not 2");
+         return r.status();
+       }},
+      {"all_steps", [&]() -> Status {
+         auto r = m.all_steps();
+         stop();
+         if (r.ok() && *r != std::vector<int64_t>{1, 2}) return internal_error("all_steps is not {1, 2}");
+         return r.status();
+       }},
+      {"read_index", [&]() -> Status {
+         auto r = m.read_index(2);
+         stop();
+         if (r.ok() && r->step != 2) return internal_error("read_index(2) is another step's");
+         return r.status();
+       }},
+      {"verify", [&] {
+         Status st = m.verify(2);
+         stop();
+         return st;
+       }},
+      {"gc", [&] {
+         Status st = m.gc();
+         stop();
+         return st;
+       }},
+  };
+  for (const Call& c : calls) {
+    SCOPED_TRACE(c.name);
+    int failed = 0;
+    for (int64_t n = 1;; ++n) {
+      SCOPED_TRACE("allocation " + std::to_string(n) + " fails");
+      fired = false;
+      testutil::fail_nth_allocation(std::this_thread::get_id(), n);
+      Status st = internal_error("not run");
+      try {
+        st = c.run();
+      } catch (const std::exception& e) {
+        testutil::disarm_allocation_failure();
+        FAIL() << c.name << "() threw " << e.what();
+      }
+      if (!fired) {
+        ASSERT_TRUE(st.ok()) << st.to_string();
+        break;
+      }
+      if (!st.ok()) {
+        ++failed;
+        ASSERT_EQ(st.code(), Code::kResourceExhausted) << st.to_string();
+      }
+    }
+    EXPECT_GT(failed, 0) << c.name << "() never failed: is the sweep armed on the right thread?";
+  }
+  // Nothing was lost on the way: both steps are there and restore.
+  ASSERT_EQ(m.all_steps().value(), (std::vector<int64_t>{1, 2}));
+  for (int64_t s : {1, 2}) {
+    auto r = m.restore(s);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    testutil::expect_restored(*r, state);
+  }
+}
+
+// CheckpointManager::open, which makes the backend (a local ring and its
+// thread), the staging pool, the crew, the worker and the reaper: a manager
+// or kResourceExhausted, and a failed open leaves no thread behind.
+TEST_P(AllocSweep, EachAllocationOfOpenFailsOnlyThatOpen) {
+  const std::string uri = GetParam() == testutil::Backend::kLocal
+                              ? (dir_ / "open").string()
+                              : "mem://alloc-open-" + std::to_string(::getpid()) + "-" +
+                                    testutil::backend_label(GetParam());
+  ManagerOptions o;
+  o.chunk_size = kChunk;
+  o.max_to_keep = 3;  // a reaper thread too
+  const std::vector<OwnedLeaf> state = small_state(9);
+  {
+    auto m = CheckpointManager::open(uri, o);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    ASSERT_TRUE((*m)->save(5, testutil::views(state)).value().wait().ok());
+  }
+  int failed = 0;
+  for (int64_t n = 1;; ++n) {
+    SCOPED_TRACE("allocation " + std::to_string(n) + " of open() fails");
+    testutil::fail_nth_allocation(std::this_thread::get_id(), n);
+    Result<std::unique_ptr<CheckpointManager>> m = Status(Code::kInternal, "not run");
+    try {
+      m = CheckpointManager::open(uri, o);
+    } catch (const std::exception& e) {
+      testutil::disarm_allocation_failure();
+      FAIL() << "open() threw " << e.what();
+    }
+    const bool fired = testutil::disarm_allocation_failure();
+    if (!m.ok()) {
+      ++failed;
+      ASSERT_TRUE(fired) << m.status().to_string();
+      ASSERT_EQ(m.status().code(), Code::kResourceExhausted) << m.status().to_string();
+      continue;
+    }
+    // A manager opened, whatever it was refused on the way, works.
+    auto latest = (*m)->latest_step();
+    ASSERT_TRUE(latest.ok()) << latest.status().to_string();
+    ASSERT_EQ(*latest, std::optional<int64_t>(5));
+    if (!fired) break;
+  }
+  EXPECT_GT(failed, 0) << "open() never failed: is the sweep armed on the right thread?";
+  auto m = CheckpointManager::open(uri, o);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  auto r = (*m)->restore(std::nullopt);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  testutil::expect_restored(*r, state);
+}
+
+TEST_P(AllocSweep, EachAllocationOfARestoreFailsOnlyThatRestore) { sweep_restore(store(), false); }
+TEST_P(AllocSweep, EachAllocationOfAShardedRestoreFailsOnlyThatRestore) { sweep_restore(store(), true); }
 
 INSTANTIATE_TEST_SUITE_P(Backends, AllocSweep, testutil::local_backends(), testutil::backend_name);
 

@@ -818,7 +818,9 @@ class ReadsWaitForResidentGrowth final : public testutil::ForwardingStorage {
       if (!started_) {
         started_ = true;
         const uint64_t at = testutil::resident_bytes();
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        // (5 s: on two cores shared with a build and an ASan suite, 1 s once
+        // passed before the faulting thread ran, 2026-12-02.)
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
         while (testutil::resident_bytes() < at + grow_ && std::chrono::steady_clock::now() < deadline) {
           lock.unlock();
           std::this_thread::sleep_for(std::chrono::milliseconds(1));

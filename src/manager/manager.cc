@@ -31,21 +31,6 @@
 #include "src/util/log.h"
 
 namespace ckptio {
-namespace {
-
-// The manager's calls return what they throw (std::bad_alloc where the
-// system refuses memory) as their Status: none has work in flight as it unwinds.
-// (save() and restore() guard their own; tests/alloc sweeps them all.)
-template <typename F>
-auto returning_exceptions(const char* what, F&& call) -> decltype(call()) {
-  try {
-    return call();
-  } catch (...) {
-    return status_or_out_of_memory([&] { return status_of_exception(what); });
-  }
-}
-
-}  // namespace
 
 using Clock = std::chrono::steady_clock;
 
@@ -189,6 +174,9 @@ Result<SaveHandle> CheckpointManager::save_taken(int64_t step, std::vector<LeafV
   }
 }
 
+// The calls below return what they throw (std::bad_alloc where the system
+// refuses memory) as their Status; save() and restore() guard their own
+// (tests/alloc sweeps them).
 Result<std::vector<int64_t>> CheckpointManager::all_steps() {
   CKPTIO_RETURN_IF_ERROR(check_process());
   return returning_exceptions("list the committed steps",

@@ -28,23 +28,23 @@ Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std:
       retiring.insert(s);                // and no reader marks it until it is out
     }
     // Out of the committed set first; then its bytes, now or by the reaper.
-    // (The mark goes also when that throws: a reader would wait on it forever.)
-    Result<std::string> rest = Status(Code::kInternal, "not retired");
-    try {
-      rest = retire_committed_step(owner->storage(), naming.name(s));
-    } catch (...) {
-      {
-        std::lock_guard lock(mu);
-        retiring.erase(s);
+    // The mark goes as the retire returns, also when it throws (a reader
+    // would wait on it forever).
+    struct Unmark {
+      Impl& impl;
+      int64_t step;
+      ~Unmark() {
+        {
+          std::lock_guard lock(impl.mu);
+          impl.retiring.erase(step);
+        }
+        impl.cv.notify_all();
       }
-      cv.notify_all();
-      throw;
-    }
-    {
-      std::lock_guard lock(mu);
-      retiring.erase(s);
-    }
-    cv.notify_all();
+    };
+    auto rest = [&] {
+      Unmark unmark{*this, s};
+      return retire_committed_step(owner->storage(), naming.name(s));
+    }();
     Status st = rest.status();
     if (rest.ok() && reap) reap->push_back(std::move(*rest));
     else if (rest.ok()) st = owner->storage().remove_prefix(*rest);

@@ -139,11 +139,7 @@ Result<RestoredState> CheckpointManager::restore(std::optional<int64_t> step,
                                                  const RestoreOptions& options) {
   // The reads in flight are the read executor's, which drains them before
   // anything unwinds past it (restore_index).
-  try {
-    return restore_or_throw(step, options);
-  } catch (...) {
-    return status_or_out_of_memory([&] { return status_of_exception("restore"); });
-  }
+  return returning_exceptions("restore", [&] { return restore_or_throw(step, options); });
 }
 
 Result<RestoredState> CheckpointManager::restore_or_throw(std::optional<int64_t> step,

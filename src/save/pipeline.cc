@@ -180,7 +180,7 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
   try {
     if (!job.group) index.emplace(storage, job, crcs);
   } catch (...) {
-    job.fail(status_or_out_of_memory([&] { return status_of_exception("prepare the index"); }));
+    job.fail(status_of_exception("prepare the index"));
   }
   auto tell = [&](bool ok) {
     if (index) index->checksums_known(ok);
@@ -194,7 +194,7 @@ void CheckpointManager::Impl::run_job(SaveJob& job) {
   try {
     st = write_data(storage, *pool, job, crcs, stats.write_seconds, [&] { tell(true); });
   } catch (...) {
-    st = status_or_out_of_memory([&] { return status_of_exception("write data"); });
+    st = status_of_exception("write data");
   }
   tell(st.ok());  // (the writes failed before all were queued, or none was)
   // What the commit throws fails this save too: nothing of the commit is in
@@ -272,7 +272,7 @@ void CheckpointManager::Impl::finish_job(SaveJob& job, const Status& st, const S
       cv.notify_all();
     }
   } catch (...) {
-    r.status = status_or_out_of_memory([&] { return status_of_exception("retention (gc removes what it retired)"); });
+    r.status = status_of_exception("retention (gc removes what it retired)");
   }
   if (!r.status.ok()) logging::warn("ckptio: retention after step {}: {}", job.step, r.status.to_string());
   if (options.on_retention) run_callback("on_retention", job.step, [&] { options.on_retention(r); });

@@ -35,7 +35,7 @@ void copy_ranges(SaveJob& job, BufferPool& pool) {
         stage_range(cursor, job.ranges[i], buf,
                     [&](size_t shard, uint32_t crc, uint64_t n) { crcs.push_back({shard, crc, n}); });
       } catch (...) {
-        job.fail(status_or_out_of_memory([&] { return status_of_exception("stage a copy"); }));
+        job.fail(status_of_exception("stage a copy"));
       }
     }
     if (job.failed.load()) {
@@ -57,7 +57,7 @@ void copy_state(SaveJob& job, BufferPool& pool, Crew& crew) {
     try {
       copy_ranges(job, pool);
     } catch (...) {
-      job.fail(status_or_out_of_memory([&] { return status_of_exception("stage a copy"); }));
+      job.fail(status_of_exception("stage a copy"));
     }
   });
   job.producer_finished(job.next_claim);

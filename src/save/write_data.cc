@@ -109,7 +109,7 @@ class PendingWrites {
         if (--count_ == 0) cv_.notify_all();
       });
     } catch (...) {
-      Status st = status_or_out_of_memory([&] { return status_of_exception("queue a write"); });
+      Status st = status_of_exception("queue a write");
       progress_.staged.fetch_sub(payload, std::memory_order_release);
       if (pooled) pool_.release(pooled);
       std::lock_guard lock(mu_);
@@ -223,7 +223,7 @@ Status write_data(Storage& storage, BufferPool& pool, SaveJob& job, std::vector<
   try {
     queue_writes(pool, job, files, pending, crcs);
   } catch (...) {
-    pending.fail(status_or_out_of_memory([&] { return status_of_exception("queue the writes"); }));
+    pending.fail(status_of_exception("queue the writes"));
     job.failed = true;
   }
   if (queued && !job.failed && !pending.failed()) queued();

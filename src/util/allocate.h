@@ -7,6 +7,7 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <string_view>
 
 #include "ckptio/status.h"
 #include "ckptio/types.h"
@@ -20,21 +21,6 @@ namespace ckptio {
 // buffers with it, the save's staging pool its chunks (types.cc).
 std::byte* map_aligned(size_t size, size_t alignment, size_t* mapped);
 
-// Inside a catch block: the exception being handled as the Status of
-// `what`: kResourceExhausted for std::bad_alloc (the system refused memory),
-// kInternal for anything else.
-inline Status status_of_exception(const std::string& what) {
-  try {
-    throw;
-  } catch (const std::bad_alloc&) {
-    return out_of_memory(what);
-  } catch (const std::exception& e) {
-    return internal_error(what + ": " + e.what());
-  } catch (...) {
-    return internal_error(what + ": an unknown exception");
-  }
-}
-
 // The Status `make()` builds, or, when building its message needs memory the
 // system refuses too, a bare kResourceExhausted whose message fits the
 // string's inline buffer (so that the fallback allocates nothing). For the
@@ -46,6 +32,34 @@ Status status_or_out_of_memory(F&& make) noexcept {
     return make();
   } catch (...) {
     return Status(Code::kResourceExhausted, "out of memory");
+  }
+}
+
+// Inside a catch block: the exception being handled as the Status of
+// `what`: kResourceExhausted for std::bad_alloc (the system refused memory),
+// kInternal for anything else. Throws nothing (status_or_out_of_memory).
+inline Status status_of_exception(std::string_view what) noexcept {
+  return status_or_out_of_memory([&] {
+    try {
+      throw;
+    } catch (const std::bad_alloc&) {
+      return out_of_memory(std::string(what));
+    } catch (const std::exception& e) {
+      return internal_error(std::string(what) + ": " + e.what());
+    } catch (...) {
+      return internal_error(std::string(what) + ": an unknown exception");
+    }
+  });
+}
+
+// call()'s result, or what it throws as status_of_exception(what): for the
+// API's calls that have nothing in flight when an exception unwinds them.
+template <typename F>
+auto returning_exceptions(std::string_view what, F&& call) -> decltype(call()) {
+  try {
+    return call();
+  } catch (...) {
+    return status_of_exception(what);
   }
 }
 

@@ -18,6 +18,7 @@
 #include "backends/local/fs.h"
 #include "backends/local/keys.h"
 #include "backends/local/read_plan.h"
+#include "src/util/allocate.h"
 
 namespace ckptio::local {
 
@@ -140,79 +141,100 @@ Status read_through_ring(std::span<const ReadRequest> requests, const std::vecto
     if (p.bounce) scratch_size = std::max(scratch_size, p.length);
   const size_t bounce_cap = std::max<uint64_t>(2, s.bounce_budget / std::max<uint64_t>(scratch_size, 1));
 
+  // The completion callback runs on the ring's thread and must not throw:
+  // `done` (and `batch`, swapped with it) hold room for every read in flight.
   struct Completions {
     std::mutex mu;
     std::condition_variable cv;
     std::vector<std::pair<size_t, RingResult>> done;
   } completions;
+  completions.done.reserve(ring.queue_depth());
   std::vector<Scratch> scratch_owned;   // every scratch buffer this call allocated
   std::vector<std::byte*> scratch_free;
   std::vector<std::byte*> scratch_of(pieces.size(), nullptr);
   size_t next = 0, in_flight = 0, bounce_in_flight = 0;
   Status first;
   std::vector<std::pair<size_t, RingResult>> batch;
-
-  while (true) {
-    while (first.ok() && next < pieces.size() && in_flight < ring.queue_depth()) {
-      const ReadPiece& p = pieces[next];
-      std::byte* buf = nullptr;
-      if (p.bounce) {
-        if (bounce_in_flight >= bounce_cap) break;
-        if (scratch_free.empty()) {
-          auto* mem = static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, scratch_size));
-          if (!mem) {
-            first = out_of_memory("read: a scratch buffer of " + std::to_string(scratch_size) + " bytes");
-            break;
+  batch.reserve(ring.queue_depth());
+  size_t handled = 0;  // of `batch`
+  auto wait_batch = [&] {
+    std::unique_lock lock(completions.mu);
+    completions.cv.wait(lock, [&] { return !completions.done.empty(); });
+    batch.swap(completions.done);
+  };
+  // What the loop throws (std::bad_alloc) ends it; the reads in flight are
+  // waited for before this frame, which their callbacks use, unwinds.
+  try {
+    while (true) {
+      while (first.ok() && next < pieces.size() && in_flight < ring.queue_depth()) {
+        const ReadPiece& p = pieces[next];
+        std::byte* buf = nullptr;
+        if (p.bounce) {
+          if (bounce_in_flight >= bounce_cap) break;
+          if (scratch_free.empty()) {
+            auto* mem = static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, scratch_size));
+            if (!mem) {
+              first = out_of_memory("read: a scratch buffer of " + std::to_string(scratch_size) + " bytes");
+              break;
+            }
+            Scratch owned(mem);  // freed if the pushes throw
+            scratch_owned.push_back(std::move(owned));
+            scratch_free.push_back(mem);
           }
-          scratch_owned.emplace_back(mem);
-          scratch_free.push_back(mem);
+          buf = scratch_free.back();
+          scratch_free.pop_back();
+          scratch_of[next] = buf;
+          ++bounce_in_flight;
+        } else {
+          buf = requests[p.request].dst + p.dst_offset;
         }
-        buf = scratch_free.back();
-        scratch_free.pop_back();
-        scratch_of[next] = buf;
-        ++bounce_in_flight;
-      } else {
-        buf = requests[p.request].dst + p.dst_offset;
+        RingOp op;
+        op.kind = RingOp::Kind::kRead;
+        op.fd = files[p.request]->fd.get();
+        op.buf = buf;
+        op.len = p.length;
+        op.offset = p.file_offset;
+        op.min_len = p.needed();
+        ring.submit(op, [&completions, index = next](const RingResult& r) {
+          std::lock_guard lock(completions.mu);
+          completions.done.emplace_back(index, r);
+          completions.cv.notify_all();  // under the lock: the caller's frame may go away after
+        });
+        ++in_flight;
+        ++next;
       }
-      RingOp op;
-      op.kind = RingOp::Kind::kRead;
-      op.fd = files[p.request]->fd.get();
-      op.buf = buf;
-      op.len = p.length;
-      op.offset = p.file_offset;
-      op.min_len = p.needed();
-      ring.submit(op, [&completions, index = next](const RingResult& r) {
-        std::lock_guard lock(completions.mu);
-        completions.done.emplace_back(index, r);
-        completions.cv.notify_all();  // under the lock: the caller's frame may go away after
-      });
-      ++in_flight;
-      ++next;
-    }
-    if (in_flight == 0) break;
-    {
-      std::unique_lock lock(completions.mu);
-      completions.cv.wait(lock, [&] { return !completions.done.empty(); });
-      batch.swap(completions.done);
-    }
-    for (auto& [index, r] : batch) {
-      --in_flight;
-      const ReadPiece& p = pieces[index];
-      const OpenFile& f = *files[p.request];
-      if (first.ok() && r.err != 0) {
-        first = Status::from_errno(r.err, "read " + f.path + " at offset " + std::to_string(p.file_offset));
-      } else if (first.ok() && r.bytes < p.needed()) {
-        first = data_loss("read " + f.path + ": file ended at " + std::to_string(p.file_offset + r.bytes) +
-                          " while reading up to " + std::to_string(p.file_offset + p.needed()));
-      } else if (first.ok() && p.bounce) {
-        std::memcpy(requests[p.request].dst + p.dst_offset, scratch_of[index] + p.copy_from, p.wanted);
+      if (in_flight == 0) break;
+      wait_batch();
+      for (handled = 0; handled < batch.size(); ++handled) {
+        const auto& [index, r] = batch[handled];
+        const ReadPiece& p = pieces[index];
+        const OpenFile& f = *files[p.request];
+        if (first.ok() && r.err != 0) {
+          first = Status::from_errno(r.err, "read " + f.path + " at offset " + std::to_string(p.file_offset));
+        } else if (first.ok() && r.bytes < p.needed()) {
+          first = data_loss("read " + f.path + ": file ended at " + std::to_string(p.file_offset + r.bytes) +
+                            " while reading up to " + std::to_string(p.file_offset + p.needed()));
+        } else if (first.ok() && p.bounce) {
+          std::memcpy(requests[p.request].dst + p.dst_offset, scratch_of[index] + p.copy_from, p.wanted);
+        }
+        if (p.bounce) {
+          scratch_free.push_back(scratch_of[index]);  // (within the capacity the buffer's own push made)
+          --bounce_in_flight;
+        }
+        --in_flight;  // last: a throw above leaves this entry to the catch below
       }
-      if (p.bounce) {
-        scratch_free.push_back(scratch_of[index]);
-        --bounce_in_flight;
-      }
+      batch.clear();
+      handled = 0;
     }
-    batch.clear();
+  } catch (...) {
+    first = status_of_exception("read");
+    for (;;) {
+      in_flight -= batch.size() - handled;  // the completions not yet handled
+      batch.clear();
+      handled = 0;
+      if (in_flight == 0) break;
+      wait_batch();
+    }
   }
   return first;
 }

@@ -36,11 +36,17 @@ Result<std::unique_ptr<Ring>> Ring::create(unsigned queue_depth) {
   if (rc < 0) return Status::from_errno(-rc, "io_uring_queue_init(" + std::to_string(queue_depth) + ")");
   r->ext_arg_ = (params.features & IORING_FEAT_EXT_ARG) != 0;
   try {
+    // The completion thread collects finished operations without
+    // allocating (a throw there would end the process): at most queue_depth
+    // are outstanding.
+    r->finished_.reserve(queue_depth);
     r->thread_ = std::thread([p = r.get()] { p->completion_loop(); });
   } catch (const std::system_error& e) {
     // A process at its thread limit (EAGAIN): a limit of the process, as
     // out of memory is, not a fault of the storage to retry against.
     return Status(Code::kResourceExhausted, std::string("start the io_uring completion thread: ") + e.what());
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("start the io_uring completion thread");
   }
   return r;
 }
@@ -161,7 +167,7 @@ bool Ring::on_cqe_locked(Pending* p, int res) {
 }
 
 void Ring::completion_loop() {
-  std::vector<Pending*> finished;
+  std::vector<Pending*>& finished = finished_;  // room for every operation (create() reserved it)
   bool stop = false;
   while (!stop) {
     io_uring_cqe* cqe = nullptr;

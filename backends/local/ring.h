@@ -86,6 +86,7 @@ class Ring {
   const unsigned depth_;
   io_uring ring_{};
   bool ext_arg_ = false;  // the kernel waits with a timeout without an SQE
+  std::vector<Pending*> finished_;  // the completion thread's, reserved for depth_
   std::thread thread_;
 
   std::mutex mu_;  // guards the SQ and everything below

@@ -15,6 +15,7 @@
 
 #include "backends/s3/http_client.h"
 #include "backends/s3/s3_xml.h"
+#include "src/util/json_free.h"
 #include "src/util/printable.h"
 #include "src/util/log.h"
 
@@ -114,7 +115,13 @@ namespace {
 Result<TimedCredentials> parse_credentials_document(std::string_view body, const std::string& op,
                                                     const char* token_field, bool versioned) {
   if (body.size() > kMaxCredentialBody) return io_error(op + ": credentials document too large");
-  nlohmann::json j = nlohmann::json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j;
+  JsonFreer free_j(j);
+  try {
+    parse_json_into(j, body);
+  } catch (const nlohmann::json::parse_error&) {
+    j = nlohmann::json(nlohmann::json::value_t::discarded);
+  }
   if (j.is_discarded() || !j.is_object()) return io_error(op + ": not a JSON object");
   auto field = [&](const char* name, bool required) -> Result<std::string> {
     auto it = j.find(name);

@@ -28,6 +28,7 @@
 #include "src/util/callback.h"
 #include "src/util/clock.h"
 #include "src/util/crc32c.h"
+#include "src/util/json_free.h"
 
 namespace ckptio {
 namespace {
@@ -259,12 +260,14 @@ Status progress(const CopyOptions& o, const Index& index, uint64_t done) {
 
 std::string canonical_metadata(const std::string& text) {
   try {
-    auto j = nlohmann::ordered_json::parse(text);
+    nlohmann::ordered_json j;
+    JsonFreer free_j(j);
+    parse_json_into(j, text);
     if (j.is_object()) {
       std::string s = j.dump();
       if (check_metadata_json(s).ok()) return s;
     }
-  } catch (const std::exception&) {
+  } catch (const nlohmann::json::exception&) {  // not JSON: std::bad_alloc fails the copy
   }
   return "{}";
 }
@@ -272,9 +275,18 @@ std::string canonical_metadata(const std::string& text) {
 // `json` (an object) without `keys` (the eformer writer's own members of
 // metadata.json: the step's are written anew).
 std::string metadata_without(const std::string& json, std::initializer_list<const char*> keys) {
-  auto j = nlohmann::ordered_json::parse(json);
-  for (const char* k : keys) j.erase(k);
-  return j.dump();
+  nlohmann::ordered_json j, kept = nlohmann::ordered_json::object();
+  JsonFreer free_j(j), free_kept(kept);
+  parse_json_into(j, json);
+  // A new object, not j.erase(k): nlohmann's ordered_map erases by copying
+  // every later member's key over the one before, and a refused copy leaves
+  // a member destroyed twice.
+  // (Room for every member first: an ordered_map grows by copying too.)
+  kept.get_ptr<nlohmann::ordered_json::object_t*>()->reserve(j.size());
+  for (auto& member : j.items())
+    if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return member.key() == k; }))
+      kept.emplace(member.key(), std::move(member.value()));
+  return kept.dump();
 }
 
 // eformer (or any layout) -> ckptio: one data file, a shard per leaf.
@@ -331,6 +343,7 @@ Result<CopyStats> to_ckptio(Storage& src, const std::string& src_dir, const Inde
     const auto t1 = Clock::now();
     // As every writer does: parsed back before it is committed.
     const std::string text = serialize_index(out);
+    if (text.empty()) return out_of_memory("serialize the converted index");  // (serialize_index's failure)
     if (auto back = parse_index(text); !back.ok())
       return back.status().annotate("internal: the converted index of step " + std::to_string(index.step) +
                                     " fails to parse");

@@ -16,6 +16,7 @@
 #include <new>
 
 #include "src/copy/copy.h"
+#include "src/util/json_free.h"
 
 namespace ckptio {
 
@@ -36,7 +37,9 @@ Result<std::string> rewrite_index_text(std::string_view src_text, const Index& s
                                        const std::map<std::string, std::string>& renames) {
   std::string text;
   try {
-    auto doc = nlohmann::ordered_json::parse(src_text.begin(), src_text.end());
+    nlohmann::ordered_json doc;
+    JsonFreer free_doc(doc);
+    parse_json_into(doc, src_text);
     auto rename = [&](nlohmann::ordered_json& name) {
       auto it = renames.find(name.get<std::string>());
       if (it == renames.end())

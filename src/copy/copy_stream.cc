@@ -32,6 +32,7 @@
 #include <numeric>
 
 #include "src/copy/copy.h"
+#include "src/util/allocate.h"
 #include "src/restore/read_executor.h"
 #include "src/util/crc32c.h"
 
@@ -339,11 +340,18 @@ class StreamCopy : public ReadConsumer {
     pending_.add();
     std::byte* buf = std::exchange(c.buf, nullptr);
     const uint64_t length = c.length;
-    w.write_async(c.offset, std::span<const std::byte>(buf, padded),
-                  [&buffers = buffers_, &pending = pending_, buf, length](Status st) {
-                    buffers.release(buf);
-                    pending.done(std::move(st), length);
-                  });
+    try {
+      w.write_async(c.offset, std::span<const std::byte>(buf, padded),
+                    [&buffers = buffers_, &pending = pending_, buf, length](Status st) {
+                      buffers.release(buf);
+                      pending.done(std::move(st), length);
+                    });
+    } catch (...) {  // std::bad_alloc: write_async accepted nothing (storage.h)
+      const Status st = status_of_exception("queue a write of a copied chunk");
+      buffers_.release(buf);
+      pending_.done(status_or_out_of_memory([&] { return st; }), 0);
+      return st;
+    }
     if (c.offset + c.length == index_.files[c.file].size) return finish(c.file);
     return Status::OK();
   }

@@ -9,6 +9,7 @@
 #include <functional>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <span>
 #include <thread>
 #include <utility>
@@ -16,6 +17,7 @@
 
 #include "ckptio/status.h"
 #include "src/layout/zarr/chunk_codec.h"
+#include "src/util/allocate.h"
 
 namespace ckptio {
 
@@ -58,9 +60,16 @@ class DecodeCrew {
   };
 
   using Task = std::function<Status(zarr::ChunkDecoder&, Scratch&, bool skip)>;
+  // A system that refuses some of the threads (or the memory for them)
+  // leaves the crew with fewer; one that refuses all, the exception.
   explicit DecodeCrew(unsigned n, size_t scratch_budget = kScratchBudget)
       : budget_(scratch_budget), keep_(std::min<size_t>(kKeepScratch, scratch_budget / std::max(1u, n))) {
-    for (unsigned i = 0; i < std::max(1u, n); ++i) threads_.emplace_back([this] { run(); });
+    try {
+      threads_.reserve(std::max(1u, n));
+      for (unsigned i = 0; i < std::max(1u, n); ++i) threads_.emplace_back([this] { run(); });
+    } catch (...) {  // std::system_error, std::bad_alloc
+      if (threads_.empty()) throw;
+    }
   }
   ~DecodeCrew() {
     {
@@ -109,7 +118,7 @@ class DecodeCrew {
   }
 
   void run() {
-    zarr::ChunkDecoder decoder;
+    std::optional<zarr::ChunkDecoder> decoder;  // made by the first task (what that throws fails it)
     Scratch scratch(this);
     std::unique_lock lock(mu_);
     for (;;) {
@@ -121,9 +130,10 @@ class DecodeCrew {
       lock.unlock();
       Status st;
       try {
-        st = t(decoder, scratch, skip);
-      } catch (const std::bad_alloc&) {  // a chunk's scratch: the restore fails, the process goes on
-        st = out_of_memory("decoding a chunk");
+        if (!decoder) decoder.emplace();
+        st = t(*decoder, scratch, skip);
+      } catch (...) {  // std::bad_alloc (a chunk's scratch): the restore fails, the process goes on
+        st = status_of_exception("decoding a chunk");
         std::vector<std::byte>().swap(scratch.buf_);
       }
       t = nullptr;  // frees what the task holds before it counts as done
@@ -131,7 +141,7 @@ class DecodeCrew {
       lock.lock();
       in_use_ -= std::exchange(scratch.counted_, 0);
       scratch_cv_.notify_all();
-      if (!st.ok() && error_.ok()) error_ = st;
+      if (!st.ok() && error_.ok()) error_ = status_or_out_of_memory([&] { return st; });
       if (--pending_ == 0) done_cv_.notify_all();
     }
   }

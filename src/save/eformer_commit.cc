@@ -114,10 +114,13 @@ Status EformerStepWriter::Impl::publish(const std::string& metadata, bool* keep)
 }
 
 // Drops queued work, waits for running jobs, removes what was written.
-void EformerStepWriter::Impl::discard() {
+// Throws nothing (the writer's destructor calls it): a removal the system
+// refuses memory for leaves the attempt's objects to gc.
+void EformerStepWriter::Impl::discard() noexcept {
   {
     std::lock_guard lock(mu);
-    if (first_error.ok()) first_error = Status(Code::kCancelled, "step " + paths.final_dir + " aborted");
+    if (first_error.ok())
+      first_error = status_or_out_of_memory([&] { return Status(Code::kCancelled, "step " + paths.final_dir + " aborted"); });
     for (const EncodeJob& j : encode_q) pending -= j.raw.size();
     for (const IoJob& j : io_q) pending -= j.reserved;
     outstanding -= encode_q.size() + io_q.size();
@@ -126,7 +129,10 @@ void EformerStepWriter::Impl::discard() {
     progress_cv.notify_all();
   }
   drain();
-  (void)storage.remove_prefix(paths.stage_dir + "/");
+  try {
+    (void)storage.remove_prefix(paths.stage_dir + "/");
+  } catch (...) {
+  }
 }
 
 }  // namespace ckptio::zarr

@@ -20,6 +20,7 @@
 #include "src/save/save_job.h"
 #include "src/util/allocate.h"
 #include "src/util/box_runs.h"
+#include "src/util/json_free.h"
 #include "src/util/log.h"
 
 namespace ckptio {
@@ -34,9 +35,10 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 Result<std::string> extra_metadata(const std::string& json) {
   if (json.empty()) return std::string("{}");
   nlohmann::ordered_json j;
+  JsonFreer free_j(j);
   try {
-    j = nlohmann::ordered_json::parse(json);  // save() checked it is an object
-  } catch (const std::exception& e) {
+    parse_json_into(j, json);  // save() checked it is an object
+  } catch (const nlohmann::json::exception& e) {  // (std::bad_alloc is the caller's)
     return invalid_argument(std::string("SaveOptions::metadata_json: ") + e.what());
   }
   for (const char* own : {"step", "timestamp", "is_temporary"})
@@ -85,55 +87,63 @@ void CheckpointManager::Impl::run_eformer_job(SaveJob& job) {
   auto release = [&] {
     if (!job.copy_mode) job.handle->set_released();
   };
-  Status st = [&]() -> Status {
-    zarr::EformerWriteOptions wo;
-    wo.overwrite = job.options.overwrite;
-    wo.attempt = job.paths.attempt;  // the id gc spares while the save is in flight
-    CKPTIO_ASSIGN_OR_RETURN(wo.extra_metadata_json, extra_metadata(job.options.metadata_json));
-    // Leaves assembled into one chunk: declared before the writer, so that on
-    // an error path they outlive its destructor's wait for borrowed reads.
-    std::vector<Buffer> assembled;
-    CKPTIO_ASSIGN_OR_RETURN(auto writer, zarr::EformerStepWriter::start(storage, job.paths.final_dir, job.step, wo));
-    std::vector<size_t> ids;
-    std::vector<Shape> chunks;
-    for (const LeafView& leaf : job.leaves) {
-      chunks.push_back(zarr::regular_chunk_shape(leaf.shape, leaf.shards));
-      CKPTIO_ASSIGN_OR_RETURN(size_t id, writer->add_array(leaf.prefix, leaf.path, leaf.dtype, leaf.shape, chunks.back()));
-      ids.push_back(id);
-    }
-    for (size_t i = 0; i < job.leaves.size(); ++i) {
-      const LeafView& leaf = job.leaves[i];
-      const size_t item = dtype_size(leaf.dtype);
-      if (!whole_chunks(leaf, chunks[i])) {
-        // Shards cut off any one grid (regular_chunk_shape made the leaf one
-        // chunk): assembled into it first.
-        CKPTIO_ASSIGN_OR_RETURN(Buffer b, assemble(leaf));
-        assembled.push_back(std::move(b));
-        const Buffer& whole = assembled.back();
-        Status w = writer->write_box_borrowed(ids[i], Box::whole(leaf.shape), {whole.data(), whole.size()});
-        if (!w.ok()) return w.annotate(leaf.prefix + "/" + leaf.path);
-        continue;
+  // What this throws (std::bad_alloc where the system refuses memory) fails
+  // this save, not the process: the writer's destructor, run as it unwinds,
+  // waits for the chunks in flight and discards the attempt.
+  Status st;
+  try {
+    st = [&]() -> Status {
+      zarr::EformerWriteOptions wo;
+      wo.overwrite = job.options.overwrite;
+      wo.attempt = job.paths.attempt;  // the id gc spares while the save is in flight
+      CKPTIO_ASSIGN_OR_RETURN(wo.extra_metadata_json, extra_metadata(job.options.metadata_json));
+      // Leaves assembled into one chunk: declared before the writer, so that on
+      // an error path they outlive its destructor's wait for borrowed reads.
+      std::vector<Buffer> assembled;
+      CKPTIO_ASSIGN_OR_RETURN(auto writer, zarr::EformerStepWriter::start(storage, job.paths.final_dir, job.step, wo));
+      std::vector<size_t> ids;
+      std::vector<Shape> chunks;
+      for (const LeafView& leaf : job.leaves) {
+        chunks.push_back(zarr::regular_chunk_shape(leaf.shape, leaf.shards));
+        CKPTIO_ASSIGN_OR_RETURN(size_t id, writer->add_array(leaf.prefix, leaf.path, leaf.dtype, leaf.shape, chunks.back()));
+        ids.push_back(id);
       }
-      for (const ShardView& s : leaf.shards) {
-        const uint64_t n = checked_num_bytes(s.box, item).value_or(0);
-        // Borrowed: the writer compresses each chunk straight from the
-        // shard (the caller's memory in borrow mode, the job's copy in copy
-        // mode), which lives until release() / job.owned.clear(); the
-        // writer's destruction at this lambda's end waits on error paths.
-        Status w = writer->write_box_borrowed(ids[i], s.box, {static_cast<const std::byte*>(s.data), n});
-        if (!w.ok()) return w.annotate(leaf.prefix + "/" + leaf.path);
+      for (size_t i = 0; i < job.leaves.size(); ++i) {
+        const LeafView& leaf = job.leaves[i];
+        const size_t item = dtype_size(leaf.dtype);
+        if (!whole_chunks(leaf, chunks[i])) {
+          // Shards cut off any one grid (regular_chunk_shape made the leaf one
+          // chunk): assembled into it first.
+          CKPTIO_ASSIGN_OR_RETURN(Buffer b, assemble(leaf));
+          assembled.push_back(std::move(b));
+          const Buffer& whole = assembled.back();
+          Status w = writer->write_box_borrowed(ids[i], Box::whole(leaf.shape), {whole.data(), whole.size()});
+          if (!w.ok()) return w.annotate(leaf.prefix + "/" + leaf.path);
+          continue;
+        }
+        for (const ShardView& s : leaf.shards) {
+          const uint64_t n = checked_num_bytes(s.box, item).value_or(0);
+          // Borrowed: the writer compresses each chunk straight from the
+          // shard (the caller's memory in borrow mode, the job's copy in copy
+          // mode), which lives until release() / job.owned.clear(); the
+          // writer's destruction at this lambda's end waits on error paths.
+          Status w = writer->write_box_borrowed(ids[i], s.box, {static_cast<const std::byte*>(s.data), n});
+          if (!w.ok()) return w.annotate(leaf.prefix + "/" + leaf.path);
+        }
       }
-    }
-    writer->wait_borrowed();
-    release();  // the writer has read every shard
-    stats.write_seconds = since(t0);
-    const auto t1 = Clock::now();
-    std::optional<ReplaceMark> replacing;  // (an overwrite waits for the step's readers)
-    if (job.options.overwrite) replacing.emplace(this, job.step);
-    Status c = writer->commit();
-    stats.commit_seconds = since(t1);
-    return c;
-  }();
+      writer->wait_borrowed();
+      release();  // the writer has read every shard
+      stats.write_seconds = since(t0);
+      const auto t1 = Clock::now();
+      std::optional<ReplaceMark> replacing;  // (an overwrite waits for the step's readers)
+      if (job.options.overwrite) replacing.emplace(this, job.step);
+      Status c = writer->commit();
+      stats.commit_seconds = since(t1);
+      return c;
+    }();
+  } catch (...) {
+    st = status_of_exception("write the step");
+  }
   release();
   if (!st.ok()) {
     st = st.annotate("save step " + std::to_string(job.step) + " (eformer layout)");

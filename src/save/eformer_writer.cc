@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
@@ -27,6 +28,7 @@
 #include "src/layout/zarr/eformer_index.h"
 #include "src/save/commit.h"
 #include "src/util/box_runs.h"
+#include "src/util/json_free.h"
 #include "src/util/log.h"
 
 namespace ckptio::zarr {
@@ -52,7 +54,13 @@ uint64_t buffer_class(uint64_t chunk_bytes) {
 // metadata.json's extra members (", \"key\": value" each, Python's separators
 // at the top level), from a JSON object; kInvalidArgument otherwise.
 Result<std::string> extra_members(const std::string& text) {
-  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  Json j;
+  JsonFreer free_j(j);
+  try {
+    parse_json_into(j, text);
+  } catch (const Json::parse_error&) {
+    j = Json(Json::value_t::discarded);
+  }
   if (j.is_discarded() || !j.is_object())
     return invalid_argument("extra_metadata_json is not a JSON object: " + text.substr(0, 80));
   std::string out;
@@ -208,8 +216,27 @@ void EformerStepWriter::Impl::stop_threads() {
   threads.clear();
 }
 
+// What a job owes as it ends: its input (a borrowed one, counted in
+// `borrowed`) and its place in `outstanding` with the bytes it holds, unless
+// it was handed on to the I/O threads. Paid on every way out, an exception's
+// too (std::bad_alloc), so that drain() and wait_borrowed() never wait for a
+// job that is gone.
+struct EformerStepWriter::Impl::Owed {
+  Impl& s;
+  const EncodeJob& job;
+  bool input = true, outstanding = true;
+  uint64_t held;
+  void input_done() {
+    if (std::exchange(input, false)) s.input_done(job);
+  }
+  ~Owed() {
+    input_done();
+    if (outstanding) s.job_done(held);
+  }
+};
+
 void EformerStepWriter::Impl::encoder_loop() {
-  ChunkEncoder encoder;
+  std::optional<ChunkEncoder> encoder;  // made by the first job (what it throws fails that job)
   for (;;) {
     EncodeJob job;
     {
@@ -219,34 +246,37 @@ void EformerStepWriter::Impl::encoder_loop() {
       job = std::move(encode_q.front());
       encode_q.pop_front();
     }
-    if (!error().ok()) {
-      input_done(job);
-      job_done(job.reserved);
-      continue;
+    Owed owed{*this, job, true, true, job.reserved};
+    try {
+      if (!error().ok()) continue;
+      if (!encoder) encoder.emplace();
+      Result<Encoded> e = encode(*encoder, job);
+      owed.input_done();
+      if (!e.ok()) {
+        fail(e.status().annotate("encode " + storage.describe() + "/" + job.key));
+        continue;
+      }
+      {
+        std::lock_guard lock(mu);
+        pending = pending - job.reserved + e->held;
+        owed.held = e->held;
+        if (job.raw.size() && job.raw.data() != e->data.data()) give_back_locked(std::move(job.raw));
+        progress_cv.notify_all();
+      }
+      push_io(
+          [this, key = std::move(job.key), e = *e] {
+            Status st = write_object(key, e.data, e.size);
+            if (st.ok()) {  // written and done with: the next chunk's
+              std::lock_guard lock(mu);
+              give_back_locked(e.data);
+            }
+            return st;
+          },
+          e->held, /*counted=*/true);
+      owed.outstanding = false;  // the I/O job's now
+    } catch (...) {
+      fail(status_of_exception("encode a chunk"));
     }
-    Result<Encoded> e = encode(encoder, job);
-    input_done(job);
-    if (!e.ok()) {
-      fail(e.status().annotate("encode " + storage.describe() + "/" + job.key));
-      job_done(job.reserved);
-      continue;
-    }
-    {
-      std::lock_guard lock(mu);
-      pending = pending - job.reserved + e->held;
-      if (job.raw.size() && job.raw.data() != e->data.data()) give_back_locked(std::move(job.raw));
-      progress_cv.notify_all();
-    }
-    push_io(
-        [this, key = std::move(job.key), e = *e] {
-          Status st = write_object(key, e.data, e.size);
-          if (st.ok()) {  // written and done with: the next chunk's
-            std::lock_guard lock(mu);
-            give_back_locked(e.data);
-          }
-          return st;
-        },
-        e->held, /*counted=*/true);
   }
 }
 
@@ -275,9 +305,13 @@ void EformerStepWriter::Impl::io_loop() {
       job = std::move(io_q.front());
       io_q.pop_front();
     }
-    if (error().ok()) {
-      Status st = job.run();
-      if (!st.ok()) fail(st);
+    try {
+      if (error().ok()) {
+        Status st = job.run();
+        if (!st.ok()) fail(st);
+      }
+    } catch (...) {  // (the chunk's object, if made, was aborted as it unwound)
+      fail(status_of_exception("write a chunk"));
     }
     job.run = nullptr;  // frees the chunk's buffer before the reservation is released
     job_done(job.reserved);
@@ -360,9 +394,12 @@ Result<std::unique_ptr<EformerStepWriter>> EformerStepWriter::start(Storage& sto
     CKPTIO_RETURN_IF_ERROR(storage.remove(index_key(final_dir)));
     CKPTIO_RETURN_IF_ERROR(storage.remove_prefix(final_dir + "/"));
   }
-  auto impl = std::make_unique<Impl>(storage, std::move(paths), step, std::move(options), std::move(extra));
-  CKPTIO_RETURN_IF_ERROR(impl->start_threads());
-  return std::unique_ptr<EformerStepWriter>(new EformerStepWriter(std::move(impl)));
+  // The writer first, its threads then: on every way out from here (a
+  // refused thread, an exception) its destructor stops them.
+  std::unique_ptr<EformerStepWriter> writer(new EformerStepWriter(
+      std::make_unique<Impl>(storage, std::move(paths), step, std::move(options), std::move(extra))));
+  CKPTIO_RETURN_IF_ERROR(writer->impl_->start_threads());
+  return writer;
 }
 
 Result<size_t> EformerStepWriter::add_array(const std::string& prefix, const std::string& path, DType dtype,
@@ -393,13 +430,14 @@ Result<size_t> EformerStepWriter::add_array(const std::string& prefix, const std
   a.written.assign(a.z.num_chunks, false);
   const std::string key = s.key_of(a.dir + "/.zarray");
   const std::string text = serialize_zarray(a.z);
+  Impl::IoJob put{[&s, key, text] {
+                    return s.storage.put(key, as_bytes(text)).annotate("write " + s.storage.describe() + "/" + key);
+                  },
+                  0};
   s.arrays.push_back(std::move(a));
-  s.by_dir.emplace(*dir, id);
-  ++s.outstanding;
-  s.io_q.push_back(Impl::IoJob{[&s, key, text] {
-                                 return s.storage.put(key, as_bytes(text)).annotate("write " + s.storage.describe() + "/" + key);
-                               },
-                               0});
+  s.by_dir.emplace(*dir, id);  // (a throw here leaves an array no chunk is written to: commit refuses it)
+  s.io_q.push_back(std::move(put));
+  ++s.outstanding;  // after what may throw: drain() waits for queued jobs only
   s.io_cv.notify_one();
   return id;
 }
@@ -449,7 +487,6 @@ Status EformerStepWriter::write_chunks(size_t id, const Box& box, std::span<cons
   }
   const uint64_t reserved = buffer_class(z.chunk_bytes);
   for (const auto& idx : chunks) {
-    CKPTIO_RETURN_IF_ERROR(s.reserve(reserved));
     Impl::EncodeJob job;
     job.key = s.key_of(dir + "/" + chunk_key(z, idx));
     job.bytes = z.chunk_bytes;
@@ -458,25 +495,39 @@ Status EformerStepWriter::write_chunks(size_t id, const Box& box, std::span<cons
     // is not one run of it, or is stored raw (its buffer is written as is),
     // is copied.
     if (borrow && s.options.compressor.id != CodecId::kNone) job.borrowed = contiguous_chunk(z, box, bytes, idx);
-    Status copied;
-    if (job.borrowed.empty()) {
-      Result<Buffer> raw = s.take_buffer(z.chunk_bytes, z.chunk_bytes);
-      copied = raw.status();
-      if (raw.ok()) {
-        job.raw = std::move(raw).value();
-        copied = copy_chunk(z, box, bytes, idx, job.raw.data());
-      }
-    }
-    std::lock_guard lock(s.mu);
-    if (!copied.ok()) {
+    CKPTIO_RETURN_IF_ERROR(s.reserve(reserved));
+    // Until the job is queued, the reservation is this call's to give back
+    // (on an error, or as an exception unwinds).
+    auto unreserve = [&] {
+      std::lock_guard lock(s.mu);
       s.pending -= reserved;
       s.progress_cv.notify_all();
-      return copied.annotate("array " + name);
+    };
+    Status copied;
+    try {
+      if (job.borrowed.empty()) {
+        Result<Buffer> raw = s.take_buffer(z.chunk_bytes, z.chunk_bytes);
+        copied = raw.status();
+        if (raw.ok()) {
+          job.raw = std::move(raw).value();
+          copied = copy_chunk(z, box, bytes, idx, job.raw.data());
+        }
+      }
+      if (copied.ok()) {
+        std::lock_guard lock(s.mu);
+        const bool borrowed = !job.borrowed.empty();
+        s.encode_q.push_back(std::move(job));
+        ++s.outstanding;  // after what may throw: drain() waits for queued jobs only
+        if (borrowed) ++s.borrowed;
+        s.encode_cv.notify_one();
+        continue;
+      }
+    } catch (...) {
+      unreserve();
+      throw;
     }
-    ++s.outstanding;
-    if (!job.borrowed.empty()) ++s.borrowed;
-    s.encode_q.push_back(std::move(job));
-    s.encode_cv.notify_one();
+    unreserve();
+    return copied.annotate("array " + name);
   }
   return Status::OK();
 }
@@ -494,14 +545,33 @@ Status EformerStepWriter::commit() {
     s.state = Impl::State::kCommitting;
   }
   s.drain();
-  Status st = s.error();
-  if (st.ok()) st = s.check_coverage();
-  if (st.ok()) st = s.write_index();
-  if (st.ok() && s.paths.renames) st = s.sync_dirs();
-  bool keep = false;
-  if (st.ok()) {
-    auto metadata = s.metadata_text();
-    st = metadata.ok() ? s.publish(*metadata, &keep) : metadata.status();
+  bool keep = false, publishing = false;
+  Status st;
+  try {
+    st = s.error();
+    if (st.ok()) st = s.check_coverage();
+    if (st.ok()) st = s.write_index();
+    if (st.ok() && s.paths.renames) st = s.sync_dirs();
+    if (st.ok()) {
+      auto metadata = s.metadata_text();
+      publishing = metadata.ok();
+      st = metadata.ok() ? s.publish(*metadata, &keep) : metadata.status();
+    }
+  } catch (...) {  // std::bad_alloc
+    st = status_of_exception("commit");
+    // Once publishing began the step may be committed. On POSIX its
+    // directory was renamed whole or not at all (the discard removes only
+    // the staging directory). An object store's is committed if its
+    // metadata.json is there: kept unless it is surely not (gc leaves an
+    // eformer step's objects alone, complete or not).
+    if (publishing && !s.paths.renames) {
+      keep = true;
+      try {
+        keep = s.storage.stat(s.paths.final_dir + "/" + std::string(kEformerMetadataName)).status().code() !=
+               Code::kNotFound;
+      } catch (...) {
+      }
+    }
   }
   if (st.ok()) {
     std::lock_guard lock(s.mu);

@@ -20,6 +20,7 @@
 #include "src/layout/zarr/chunk_codec.h"
 #include "src/layout/zarr/zarray.h"
 #include "src/save/commit.h"
+#include "src/util/allocate.h"
 
 namespace ckptio::zarr {
 
@@ -91,9 +92,12 @@ struct EformerStepWriter::Impl {
 
   std::string key_of(const std::string& rel) const { return paths.stage_dir + "/" + rel; }
 
-  void fail(const Status& s) {
+  // Throws nothing (the I/O and encoder threads call it from their catch
+  // blocks): a copy of `s` the system refuses memory for is a bare
+  // kResourceExhausted.
+  void fail(const Status& s) noexcept {
     std::lock_guard lock(mu);
-    if (first_error.ok()) first_error = s;
+    if (first_error.ok()) first_error = status_or_out_of_memory([&] { return s; });
     progress_cv.notify_all();
   }
   Status error() {
@@ -109,8 +113,8 @@ struct EformerStepWriter::Impl {
   }
   void push_io(std::function<Status()> run, uint64_t reserved, bool counted) {
     std::lock_guard lock(mu);
-    if (!counted) ++outstanding;
     io_q.push_back(IoJob{std::move(run), reserved});
+    if (!counted) ++outstanding;  // after what may throw
     io_cv.notify_one();
   }
   void drain() {
@@ -134,6 +138,7 @@ struct EformerStepWriter::Impl {
 
   Status start_threads();  // kResourceExhausted when no thread of a kind can be had
   void stop_threads();
+  struct Owed;  // what an encode job owes as it ends (eformer_writer.cc)
   void encoder_loop();
   Result<Encoded> encode(ChunkEncoder& encoder, const EncodeJob& job);
   void io_loop();
@@ -145,7 +150,7 @@ struct EformerStepWriter::Impl {
   Result<std::string> metadata_text() const;
   Status publish(const std::string& metadata, bool* keep);
   Status publish_object_store(const std::string& metadata, bool* keep);
-  void discard();
+  void discard() noexcept;
 };
 
 }  // namespace ckptio::zarr

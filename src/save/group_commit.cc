@@ -162,8 +162,9 @@ Status publish_manifest(const GroupSave& g, const Index& partial, const Status& 
   m.index.step = g.step;
   const std::string text = serialize_manifest(m);
   const std::string key = key_in(g, manifest_name(g.paths.attempt, g.group.index));
-  Status st = g.storage.put(key, std::span<const std::byte>(reinterpret_cast<const std::byte*>(text.data()),
-                                                            text.size()));
+  Status st = text.empty() ? out_of_memory("serialize the manifest")  // (serialize_index's failure)
+                           : g.storage.put(key, std::span<const std::byte>(
+                                                    reinterpret_cast<const std::byte*>(text.data()), text.size()));
   st = st.annotate("write manifest " + g.storage.describe() + "/" + key);
   if (g.group.barrier) {
     // Always arrive, even after a failure: the others wait here too.

@@ -8,6 +8,8 @@
 #include <new>
 #include <numeric>
 
+#include "src/util/json_free.h"
+
 namespace ckptio {
 namespace {
 
@@ -69,11 +71,15 @@ std::string manifest_prefix(const std::string& attempt) { return "manifest-" + a
 std::string failure_name(const std::string& attempt) { return "failed-" + attempt + ".json"; }
 
 std::string serialize_manifest(const Manifest& m) {
-  nlohmann::ordered_json meta;
-  meta[kKey] = {{"attempt", m.attempt},
-                {"process_index", m.process_index},
-                {"process_count", m.process_count},
-                {"error", m.error ? nlohmann::ordered_json(*m.error) : nlohmann::ordered_json(nullptr)}};
+  // Member by member, each container made whole before it is stored
+  // (serialize_zarray says why).
+  nlohmann::ordered_json meta = nlohmann::ordered_json::object(), mine = nlohmann::ordered_json::object();
+  JsonFreer free_meta(meta), free_mine(mine);
+  mine["attempt"] = m.attempt;
+  mine["process_index"] = m.process_index;
+  mine["process_count"] = m.process_count;
+  mine["error"] = m.error ? nlohmann::ordered_json(*m.error) : nlohmann::ordered_json(nullptr);
+  meta[kKey] = std::move(mine);
   Index index = m.index;
   // error_handler::replace: an error text from a backend may hold bytes that
   // are not UTF-8; the manifest must stay valid JSON.
@@ -85,11 +91,15 @@ Result<Manifest> parse_manifest(std::string_view json) {
   IndexLimits limits;
   limits.partial_cover = true;
   auto index = parse_index(json, limits);
-  if (!index.ok()) return Status(Code::kDataLoss, "manifest: " + index.status().message());
+  if (!index.ok())  // (kResourceExhausted stays itself: not damage)
+    return index.status().code() == Code::kResourceExhausted ? index.status().annotate("manifest")
+                                                              : data_loss("manifest: " + index.status().message());
   Manifest m;
   try {
     // Canonical, depth- and size-checked text: safe to parse as a tree.
-    auto meta = nlohmann::json::parse(index->metadata_json);
+    nlohmann::json meta;
+    JsonFreer free_meta(meta);
+    parse_json_into(meta, index->metadata_json);
     auto it = meta.find(kKey);
     if (it == meta.end() || !it->is_object())
       return data_loss("manifest: metadata has no \"ckptio_manifest\" object");

@@ -98,7 +98,7 @@ Status commit_group(CheckpointManager::Impl& impl, Storage& storage, const Proce
       index.committed_unix_ns = unix_ns_now();
       index.metadata_json = job.options.metadata_json.empty() ? "{}" : job.options.metadata_json;
       std::string json = serialize_index(index);
-      auto check = parse_index(json);
+      auto check = json.empty() ? Result<Index>(out_of_memory("serialize the merged index")) : parse_index(json);
       std::optional<CheckpointManager::Impl::ReplaceMark> replacing;  // (an overwrite waits for the step's readers)
       if (check.ok() && job.options.overwrite) replacing.emplace(&impl, job.step);
       st = check.ok() ? commit_attempt(storage, job.paths, json, job.options.overwrite, outcome_unknown)

@@ -53,6 +53,7 @@ void IndexPreparer::prepare() {
     for (size_t k = 0; k < crcs_.size(); ++k) *b.crc_of[k] = crcs_[k];
     b.index.committed_unix_ns = unix_ns_now();
     json_ = serialize_index(b.index);
+    if (json_.empty()) return say(out_of_memory("serialize the index"));  // (serialize_index's failure)
     auto stage = [&] { return stage_index(storage_, job_.paths, json_); };
     std::future<Status> staging;  // (object stores stage nothing: the index PUT is the commit)
     if (job_.paths.renames) staging = try_async(stage);

@@ -13,6 +13,7 @@
 
 #include "ckptio/sharding.h"
 #include "src/util/json_scan.h"
+#include "src/util/json_free.h"
 
 namespace ckptio {
 namespace {
@@ -26,7 +27,8 @@ constexpr size_t kMaxRules = 100'000;
 constexpr int kSpecDepth = 2;
 constexpr int kRulesDepth = 4;
 
-Result<Json> parse_screened(std::string_view text, size_t max_bytes, int max_depth, const std::string& root) {
+// Parses into `out` (which the caller frees with a JsonFreer).
+Status parse_screened(std::string_view text, size_t max_bytes, int max_depth, const std::string& root, Json* out) {
   if (text.size() > max_bytes)
     return invalid_argument(root + ": " + std::to_string(text.size()) + " bytes, more than the limit of " +
                             std::to_string(max_bytes));
@@ -34,7 +36,8 @@ Result<Json> parse_screened(std::string_view text, size_t max_bytes, int max_dep
     return invalid_argument(root + ": JSON nested deeper than " + std::to_string(max_depth) +
                             " levels at byte " + std::to_string(at));
   try {
-    return Json::parse(text.begin(), text.end());
+    parse_json_into(*out, text);
+    return Status::OK();
   } catch (const Json::parse_error& e) {
     return invalid_argument(root + ": invalid JSON at byte " + std::to_string(e.byte) + ": " + e.what());
   } catch (const std::bad_alloc&) {
@@ -107,7 +110,9 @@ Result<std::vector<PartitionRule>> read_rules(const Json& j) {
 
 Result<PartitionSpec> parse_partition_spec_json(std::string_view json) {
   try {
-    CKPTIO_ASSIGN_OR_RETURN(Json j, parse_screened(json, kMaxSpecBytes, kSpecDepth, "spec"));
+    Json j;
+    JsonFreer free_j(j);
+    CKPTIO_RETURN_IF_ERROR(parse_screened(json, kMaxSpecBytes, kSpecDepth, "spec", &j));
     return read_spec(j, "spec");
   } catch (const std::bad_alloc&) {  // nothing else throws
     return out_of_memory("parse spec");
@@ -119,7 +124,9 @@ Result<PartitionSpec> parse_partition_spec_json(std::string_view json) {
 Result<PartitionRules> PartitionRules::from_json(std::string_view json) {
   std::vector<PartitionRule> rules;
   try {
-    CKPTIO_ASSIGN_OR_RETURN(Json j, parse_screened(json, kMaxRulesBytes, kRulesDepth, "rules"));
+    Json j;
+    JsonFreer free_j(j);
+    CKPTIO_RETURN_IF_ERROR(parse_screened(json, kMaxRulesBytes, kRulesDepth, "rules", &j));
     CKPTIO_ASSIGN_OR_RETURN(rules, read_rules(j));
   } catch (const std::bad_alloc&) {
     return out_of_memory("parse rules");
@@ -131,6 +138,7 @@ Result<PartitionRules> PartitionRules::from_json(std::string_view json) {
 
 std::string PartitionSpec::to_json() const {
   Json j = Json::array();
+  JsonFreer free_j(j);
   for (const DimSharding& d : dims) {
     if (d.axes.empty()) j.push_back(nullptr);
     else if (d.axes.size() == 1) j.push_back(d.axes[0]);

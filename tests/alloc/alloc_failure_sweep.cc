@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "alloc/failing_new.h"
+#include "ckptio/copy.h"
 #include "ckptio/local.h"
 #include "testutil/backend_fixture.h"
 #include "testutil/leftovers.h"
@@ -73,11 +74,17 @@ class AllocSweep : public testutil::S3BackendTest {
 // copy into staging buffers, which the caller's thread shares with the crew).
 enum class Failing { kWorker, kCaller };
 
-void sweep(const std::shared_ptr<Storage>& storage, StagingMode staging, uint64_t chunk, Failing who) {
+// `retention` false: the worker runs no retention (the caller removes the
+// old steps instead), for the eformer layout, whose retention lists and
+// parses whole steps on the worker (~2,000 allocations a save; the restore
+// sweeps reach that reader on the caller's thread).
+void sweep(const std::shared_ptr<Storage>& storage, StagingMode staging, uint64_t chunk, Failing who,
+           const std::string& layout = "ckptio", bool retention = true) {
   ManagerOptions o;
   o.chunk_size = chunk;  // several ranges per file, several writes in flight
   o.staging = staging;
-  o.max_to_keep = 2;  // retention runs on the worker after each commit
+  o.layout = layout;
+  o.max_to_keep = retention ? 2 : 0;  // retention runs on the worker after each commit
   std::atomic<std::thread::id> worker{};
   o.on_commit = [&](const CommitEvent&) { worker.store(std::this_thread::get_id()); };
   CheckpointManager m(storage, o);
@@ -148,6 +155,15 @@ void sweep(const std::shared_ptr<Storage>& storage, StagingMode staging, uint64_
     ASSERT_TRUE(next.ok()) << "the save after the failure: " << next.to_string();
     ASSERT_TRUE(m.wait_until_finished().ok());
     committed_step = step;
+    if (!retention) {
+      auto all = m.all_steps();
+      ASSERT_TRUE(all.ok()) << all.status().to_string();
+      for (int64_t s : *all)
+        if (s != step) {
+          const Status removed = m.remove_step(s);
+          ASSERT_TRUE(removed.ok()) << "remove step " << s << ": " << removed.to_string();
+        }
+    }
     ASSERT_TRUE(m.gc().ok());  // and what a failure left behind (retired steps, attempts)
   }
   ASSERT_TRUE(m.gc().ok());
@@ -169,6 +185,17 @@ TEST_P(AllocSweep, EachAllocationOfTheCallersSaveFailsOnlyThatSaveCopyMode) {
 TEST_P(AllocSweep, EachAllocationOfTheCallersSaveFailsOnlyThatSaveBorrowMode) {
   sweep(store(), StagingMode::kBorrow, kChunk, Failing::kCaller);
 }
+// The eformer layout: the worker hands each shard to the eformer writer
+// (src/save/eformer_save.cc), whose own threads encode and write the chunks.
+// ~500 allocations a save: on the memory stores only (AllocSweepMemory;
+// on local disk each chunk is a file of its own, made durable: 35 s).
+class AllocSweepMemory : public AllocSweep {};
+TEST_P(AllocSweepMemory, EachAllocationOfAnEformerSavesWorkerFailsOnlyThatSave) {
+  sweep(store(), StagingMode::kBorrow, kChunk, Failing::kWorker, "eformer", false);
+}
+TEST_P(AllocSweep, EachAllocationOfTheCallersEformerSaveFailsOnlyThatSave) {
+  sweep(store(), StagingMode::kCopy, kChunk, Failing::kCaller, "eformer", false);
+}
 
 // The same for restore(), on the caller's thread: for n = 1, 2, ... the n-th
 // allocation of one restore throws. The restore returns the latest step
@@ -176,9 +203,10 @@ TEST_P(AllocSweep, EachAllocationOfTheCallersSaveFailsOnlyThatSaveBorrowMode) {
 // called damage would send a restart to an older step), never an older step,
 // never an exception out of the API. Whole leaves, and into a sharding (two
 // devices, rows split; the planner, the executor and the device buffers).
-void sweep_restore(const std::shared_ptr<Storage>& storage, bool sharded) {
+void sweep_restore(const std::shared_ptr<Storage>& storage, bool sharded, const std::string& layout = "ckptio") {
   ManagerOptions o;
   o.chunk_size = kChunk;
+  o.layout = layout;
   CheckpointManager m(storage, o);
   const std::vector<OwnedLeaf> older = small_state(1), latest = small_state(2);
   ASSERT_TRUE(m.save(1, testutil::views(older)).value().wait().ok());
@@ -381,8 +409,115 @@ TEST_P(AllocSweep, EachAllocationOfOpenFailsOnlyThatOpen) {
 
 TEST_P(AllocSweep, EachAllocationOfARestoreFailsOnlyThatRestore) { sweep_restore(store(), false); }
 TEST_P(AllocSweep, EachAllocationOfAShardedRestoreFailsOnlyThatRestore) { sweep_restore(store(), true); }
+// Steps in the eformer layout: the zarr reader (.zarray files, chunk decoding).
+TEST_P(AllocSweep, EachAllocationOfAnEformerRestoreFailsOnlyThatRestore) {
+  sweep_restore(store(), false, "eformer");
+}
+TEST_P(AllocSweep, EachAllocationOfAShardedEformerRestoreFailsOnlyThatRestore) {
+  sweep_restore(store(), true, "eformer");
+}
+
+// copy_step, on the caller's thread (reading the indexes, planning, the
+// reads and writes it queues, the commit): for n = 1, 2, ... the n-th
+// allocation of one copy throws. The copy returns OK or kResourceExhausted;
+// the destination then holds the step bit-exact or not at all (its earlier
+// step intact), and gc() leaves nothing of a failed attempt. A copy within
+// a layout streams the data files; across layouts it decodes and encodes
+// (src/copy/convert.cc, with a thread of its own that is not failed).
+struct CopyCase {
+  const char* name;
+  const char* src_layout;
+  const char* format;  // CopyOptions::format
+};
+void sweep_copy(const std::shared_ptr<Storage>& src, const std::shared_ptr<Storage>& dst, const CopyCase& c) {
+  SCOPED_TRACE(c.name);
+  ManagerOptions so;
+  so.chunk_size = kChunk;
+  so.layout = c.src_layout;
+  CheckpointManager source(src, so);
+  const std::vector<OwnedLeaf> first = small_state(21), second = small_state(22);
+  ASSERT_TRUE(source.save(1, testutil::views(first)).value().wait().ok());
+  ASSERT_TRUE(source.save(2, testutil::views(second)).value().wait().ok());
+  CopyOptions co;
+  co.format = c.format;
+  co.chunk_size = kChunk;
+  co.max_memory = 4 * kChunk;
+  ASSERT_TRUE(copy_step(*src, *dst, 1, co).ok());
+  CheckpointManager target(dst, ManagerOptions{});
+  auto expect_step = [&](int64_t step, const std::vector<OwnedLeaf>& want) {
+    auto r = target.restore(step);
+    ASSERT_TRUE(r.ok()) << "step " << step << ": " << r.status().to_string();
+    testutil::expect_restored(*r, want);
+  };
+
+  int failed = 0, absorbed = 0;
+  for (int64_t n = 1;; ++n) {
+    SCOPED_TRACE("allocation " + std::to_string(n) + " of the copy fails");
+    testutil::fail_nth_allocation(std::this_thread::get_id(), n);
+    Result<CopyStats> r = Status(Code::kInternal, "not run");
+    try {
+      r = copy_step(*src, *dst, 2, co);
+    } catch (const std::exception& e) {
+      testutil::disarm_allocation_failure();
+      FAIL() << "copy_step() threw " << e.what();
+    }
+    const bool fired = testutil::disarm_allocation_failure();
+    if (!fired) {
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      EXPECT_GT(n, 20) << "a copy allocates more than this: is the sweep armed on the right thread?";
+      expect_step(2, second);
+      break;
+    }
+    auto steps = target.all_steps();
+    ASSERT_TRUE(steps.ok()) << steps.status().to_string();
+    if (r.ok()) {
+      ++absorbed;
+      ASSERT_EQ(*steps, (std::vector<int64_t>{1, 2}));
+    } else {
+      ++failed;
+      ASSERT_EQ(r.status().code(), Code::kResourceExhausted) << r.status().to_string();
+    }
+    // Committed or not there at all (a failure after the commit point
+    // leaves it committed); the earlier step intact either way.
+    if (steps->size() == 2) {
+      expect_step(2, second);
+      ASSERT_TRUE(target.remove_step(2).ok());
+    }
+    expect_step(1, first);
+    if (::testing::Test::HasFatalFailure()) return;
+    ASSERT_EQ(target.all_steps().value(), std::vector<int64_t>{1});
+    ASSERT_TRUE(target.gc().ok());
+    testutil::Leftovers left = testutil::find_leftovers(target);
+    ASSERT_TRUE(left.status.ok()) << left.status.to_string();
+    ASSERT_TRUE(left.empty()) << left.describe();
+  }
+  EXPECT_GT(failed, 0) << "no copy failed: is the sweep armed on the right thread?";
+  std::printf("sweep: %d copies failed, %d absorbed their failure\n", failed, absorbed);
+}
+
+constexpr CopyCase kCopyCases[] = {
+    {"ckptio to ckptio (streamed)", "ckptio", ""},
+    {"ckptio to eformer (encoded)", "ckptio", "eformer"},
+    {"eformer to ckptio (decoded)", "eformer", "ckptio"},
+};
+
+// ~600-1,200 allocations a copy: on the memory stores only (21 s on local disk).
+TEST_P(AllocSweepMemory, EachAllocationOfACopyFailsOnlyThatCopy) {
+  for (const CopyCase& c : kCopyCases) {
+    // Each case into a store of its own, from a store of its own.
+    std::shared_ptr<Storage> src, dst;
+    const bool posix = GetParam() == testutil::Backend::kMemoryPosix;
+    src = make_memory_storage(posix);
+    dst = make_memory_storage(posix);
+    sweep_copy(src, dst, c);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
 
 INSTANTIATE_TEST_SUITE_P(Backends, AllocSweep, testutil::local_backends(), testutil::backend_name);
+INSTANTIATE_TEST_SUITE_P(Backends, AllocSweepMemory,
+                         ::testing::Values(testutil::Backend::kMemoryPosix, testutil::Backend::kMemoryObject),
+                         testutil::backend_name);
 
 // Moto: the S3 writer's paths (one PUT per small object, a multipart upload
 // per large one), and the requests the worker queues for the HTTP client.

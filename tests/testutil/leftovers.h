@@ -46,6 +46,7 @@ inline Leftovers find_leftovers(CheckpointManager& m,
   if (unfinished.ok())
     for (const ListEntry& u : *unfinished) out.uploads.push_back(u.key);
   std::set<std::string> live;
+  std::vector<std::string> live_dirs;  // eformer steps: every object under one is the step's
   for (int64_t s : *steps) {
     auto idx = m.read_index(s);
     if (!idx.ok()) {
@@ -56,14 +57,20 @@ inline Leftovers find_leftovers(CheckpointManager& m,
     dir.replace(dir.find("{step}"), 6, std::to_string(s));
     live.insert(dir + "/" + index_name);
     for (const auto& f : idx->files) live.insert(dir + "/" + f.name);
+    if (idx->layout == "eformer") live_dirs.push_back(dir + "/");
   }
+  auto in_live_dir = [&](const std::string& key) {
+    for (const std::string& d : live_dirs)
+      if (key.starts_with(d)) return true;
+    return false;
+  };
   auto all = m.storage().list("", false);
   if (!all.ok()) {
     out.status = all.status();
     return out;
   }
   for (const auto& o : all->objects)
-    if (!live.count(o.key)) out.orphans.push_back(o.key);
+    if (!live.count(o.key) && !in_live_dir(o.key)) out.orphans.push_back(o.key);
   return out;
 }
 

@@ -14,6 +14,7 @@
 
 #include "src/transform/cast.h"
 #include "src/util/json_scan.h"
+#include "src/util/json_free.h"
 #include "src/util/printable.h"
 
 namespace ckptio::zarr {
@@ -28,6 +29,12 @@ constexpr uint64_t kMaxDepth = 8;
 Status bad(const std::string& what) { return data_loss(".zarray: " + what); }
 Status unsupported(const std::string& what) {
   return Status(Code::kUnimplemented, ".zarray: " + what);
+}
+
+// `j == "C"` would make a JSON value of "C", allocating, inside nlohmann's
+// noexcept operator== (the process ends where the system refuses it).
+bool is_text(const Json& j, std::string_view s) {
+  return j.is_string() && j.get_ref<const std::string&>() == s;
 }
 
 std::string in_quotes(std::string_view s) { return "\"" + printable(s, 64) + "\""; }
@@ -340,8 +347,8 @@ Result<ZArray> parse_json(const Json& root, const ZArrayLimits& limits) {
   a.compressor = std::move(*comp);
 
   const Json& order = *member("order");
-  if (order == "C") a.order = Order::kC;
-  else if (order == "F") a.order = Order::kF;
+  if (is_text(order, "C")) a.order = Order::kC;
+  else if (is_text(order, "F")) a.order = Order::kF;
   else return bad("order must be \"C\" or \"F\", got " + shown(order));
 
   if (const Json* f = member("filters"); f && !f->is_null()) {
@@ -349,8 +356,8 @@ Result<ZArray> parse_json(const Json& root, const ZArrayLimits& limits) {
     if (!f->empty()) return unsupported("filters are not supported: " + shown(*f));
   }
   if (const Json* s = member("dimension_separator"); s && !s->is_null()) {
-    if (*s == ".") a.separator = '.';
-    else if (*s == "/") a.separator = '/';
+    if (is_text(*s, ".")) a.separator = '.';
+    else if (is_text(*s, "/")) a.separator = '/';
     else return bad("dimension_separator must be \".\" or \"/\", got " + shown(*s));
   }
   if (const Json* f = member("fill_value")) {
@@ -422,7 +429,9 @@ Result<ZArray> parse_zarray(std::string_view text, const ZArrayLimits& limits) {
   if (size_t at = find_excess_depth(text, kMaxDepth); at != std::string_view::npos)
     return bad("JSON nested deeper than " + std::to_string(kMaxDepth) + " levels at byte " + std::to_string(at));
   try {
-    const Json root = Json::parse(text.begin(), text.end());
+    Json root;
+    JsonFreer free_root(root);
+    parse_json_into(root, text);
     return parse_json(root, limits);
   } catch (const Json::parse_error& e) {
     return bad("invalid JSON at byte " + std::to_string(e.byte) + ": " + ascii_printable(e.what()));
@@ -456,18 +465,36 @@ Result<ZArray> make_zarray(Shape shape, Shape chunks, DType dtype, Compressor co
 std::string serialize_zarray(const ZArray& a) {
   // nlohmann's object is a std::map: keys come out sorted, as TensorStore's
   // (the same library, dumped the same way).
+  // Built member by member, no initializer lists: their temporaries'
+  // destructors allocate (json_free.h), and `j` is freed leaf first. Every
+  // container is made whole before it is stored: nlohmann 3.11.2 turns a
+  // null into an object or array (operator[], push_back) by setting the type
+  // first, and the value left when the system refuses the container's memory
+  // cannot be destroyed.
   Json j = Json::object();
+  JsonFreer free_j(j);
   j["chunks"] = a.chunks;
+  Json c;  // null for kNone
+  JsonFreer free_c(c);
+  if (a.compressor.id != CodecId::kNone) c = Json::object();
+  auto id_level = [&](const char* id) {
+    c["id"] = id;
+    c["level"] = a.compressor.level;
+  };
   switch (a.compressor.id) {
-    case CodecId::kNone: j["compressor"] = nullptr; break;
-    case CodecId::kZstd: j["compressor"] = {{"id", "zstd"}, {"level", a.compressor.level}}; break;
-    case CodecId::kZlib: j["compressor"] = {{"id", "zlib"}, {"level", a.compressor.level}}; break;
-    case CodecId::kGzip: j["compressor"] = {{"id", "gzip"}, {"level", a.compressor.level}}; break;
+    case CodecId::kNone: break;
+    case CodecId::kZstd: id_level("zstd"); break;
+    case CodecId::kZlib: id_level("zlib"); break;
+    case CodecId::kGzip: id_level("gzip"); break;
     case CodecId::kBlosc:
-      j["compressor"] = {{"blocksize", a.compressor.blocksize}, {"clevel", a.compressor.level},
-                         {"cname", a.compressor.cname}, {"id", "blosc"}, {"shuffle", a.compressor.shuffle}};
+      c["blocksize"] = a.compressor.blocksize;
+      c["clevel"] = a.compressor.level;
+      c["cname"] = a.compressor.cname;
+      c["id"] = "blosc";
+      c["shuffle"] = a.compressor.shuffle;
       break;
   }
+  j["compressor"] = std::move(c);
   j["dimension_separator"] = std::string(1, a.separator);
   j["dtype"] = a.dtype_text.empty() ? std::string(zarr_dtype_string(a.dtype)) : a.dtype_text;
   const FillValue& f = a.fill_value;
@@ -478,7 +505,13 @@ std::string serialize_zarray(const ZArray& a) {
     case FillValue::Kind::kBool: j["fill_value"] = f.b; break;
     case FillValue::Kind::kFloat:
       if (a.dtype == DType::kComplex64 || a.dtype == DType::kComplex128)
-        j["fill_value"] = Json::array({fill_json(f.f), fill_json(f.f_im)});
+      {
+        Json pair = Json::array();
+        JsonFreer free_pair(pair);
+        pair.push_back(fill_json(f.f));
+        pair.push_back(fill_json(f.f_im));
+        j["fill_value"] = std::move(pair);
+      }
       else
         j["fill_value"] = fill_json(f.f);
       break;

@@ -299,7 +299,7 @@ Result<std::shared_ptr<SaveJob>> CheckpointManager::Impl::make_eformer_job(int64
       total += n;
       if (!job->copy_mode) continue;
       Buffer b = Buffer::allocate(std::max<uint64_t>(n, 1));
-      std::memcpy(b.data(), sh.data, n);
+      if (n) std::memcpy(b.data(), sh.data, n);  // (an empty shard's data may be null: memcpy's UB)
       sh.data = b.data();
       job->owned.push_back(std::move(b));
     }

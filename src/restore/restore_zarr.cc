@@ -83,7 +83,12 @@ class ChunkBuffers {
     const uint64_t cap = std::max<uint64_t>((n + 4095) / 4096 * 4096, 4096);
     auto* p = static_cast<std::byte*>(std::aligned_alloc(4096, cap));
     if (!p) throw std::bad_alloc();
-    cap_[p] = cap;
+    try {
+      cap_[p] = cap;
+    } catch (...) {  // std::bad_alloc: the buffer is nobody's yet
+      std::free(p);
+      throw;
+    }
     return p;
   }
   void give_back(std::byte* p) {

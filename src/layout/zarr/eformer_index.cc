@@ -7,8 +7,6 @@
 #include <cstdio>
 #include <limits>
 #include <new>
-#include <vector>
-#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -19,12 +17,9 @@
 namespace ckptio::zarr {
 namespace {
 
-// A std::map per object, not nlohmann's ordered_json: its objects are
-// vectors of pairs with const keys, which copy every member (and free the
-// old copies, allocating: json_free.h) as they grow, so that a refused
-// allocation inside the parse ends the process. The prefixes keep their
-// file order all the same (PrefixOrder).
-using Json = nlohmann::json;
+// Ordered: prefixes keep their file order. (parse_json_into reserves each
+// object's members, so that an ordered object never grows by copying.)
+using Json = nlohmann::ordered_json;
 
 // index > prefixes > prefix's list > entry > shape.
 constexpr uint64_t kMaxDepth = 8;
@@ -38,62 +33,8 @@ std::string shown(const Json& j) {
   }
 }
 
-// nlohmann's DOM parser, which also notes the names of "prefixes" in the
-// order the file gives them (first appearance; a repeated name's last value
-// wins, as in the DOM).
-class PrefixOrder {
- public:
-  using Dom = nlohmann::detail::json_sax_dom_parser<Json>;
-  PrefixOrder(Json& root, std::vector<std::string>* order) : dom_(root, true), order_(order) {}
-  bool null() { return dom_.null(); }
-  bool boolean(bool v) { return dom_.boolean(v); }
-  bool number_integer(Json::number_integer_t v) { return dom_.number_integer(v); }
-  bool number_unsigned(Json::number_unsigned_t v) { return dom_.number_unsigned(v); }
-  bool number_float(Json::number_float_t v, const Json::string_t& s) { return dom_.number_float(v, s); }
-  bool string(Json::string_t& v) { return dom_.string(v); }
-  bool binary(Json::binary_t& v) { return dom_.binary(v); }
-  bool start_object(std::size_t n) {
-    ++depth_;
-    return dom_.start_object(n);
-  }
-  bool end_object() {
-    --depth_;
-    return dom_.end_object();
-  }
-  bool start_array(std::size_t n) {
-    ++depth_;
-    return dom_.start_array(n);
-  }
-  bool end_array() {
-    --depth_;
-    return dom_.end_array();
-  }
-  bool key(Json::string_t& k) {
-    if (depth_ == 1) {
-      in_prefixes_ = k == "prefixes";
-      if (in_prefixes_) order_->clear();  // a repeated "prefixes": the last one counts
-    } else if (depth_ == 2 && in_prefixes_ &&
-               std::find(order_->begin(), order_->end(), k) == order_->end()) {
-      order_->push_back(k);
-    }
-    return dom_.key(k);
-  }
-  template <class Exception>
-  bool parse_error(std::size_t at, const std::string& token, const Exception& e) {
-    return dom_.parse_error(at, token, e);
-  }
-
- private:
-  Dom dom_;
-  std::vector<std::string>* order_;
-  int depth_ = 0;
-  bool in_prefixes_ = false;
-};
-
-// Parses into `root` (which the caller frees with a JsonFreer), and the
-// names of "prefixes" in file order into *prefix_order when given.
-Status parse_screened(std::string_view text, uint64_t max_bytes, const std::string& what, Json* root,
-                      std::vector<std::string>* prefix_order = nullptr) {
+// Parses into `root` (which the caller frees with a JsonFreer).
+Status parse_screened(std::string_view text, uint64_t max_bytes, const std::string& what, Json* root) {
   if (text.size() > max_bytes)
     return data_loss(what + ": " + std::to_string(text.size()) + " bytes, more than the limit of " +
                      std::to_string(max_bytes));
@@ -101,12 +42,7 @@ Status parse_screened(std::string_view text, uint64_t max_bytes, const std::stri
     return data_loss(what + ": JSON nested deeper than " + std::to_string(kMaxDepth) + " levels at byte " +
                      std::to_string(at));
   try {
-    if (prefix_order) {
-      PrefixOrder sax(*root, prefix_order);
-      Json::sax_parse(text.begin(), text.end(), &sax);
-    } else {
-      parse_json_into(*root, text);
-    }
+    parse_json_into(*root, text);
     return Status::OK();
   } catch (const Json::parse_error& e) {
     return data_loss(what + ": invalid JSON at byte " + std::to_string(e.byte) + ": " + ascii_printable(e.what()));
@@ -187,8 +123,7 @@ Status check_distinct_dirs(const EformerIndex& index) {
   return check_array_dirs(std::move(paths));
 }
 
-Result<EformerIndex> read_index(const Json& root, const std::vector<std::string>& prefix_order,
-                                const EformerIndexLimits& limits) {
+Result<EformerIndex> read_index(const Json& root, const EformerIndexLimits& limits) {
   if (!root.is_object()) return data_loss("tensorstore_index.json: expected a JSON object, got " + shown(root));
   auto format = root.find("format");
   // (Not `*format != "tensorstore"`: nlohmann's comparison with a scalar
@@ -206,16 +141,13 @@ Result<EformerIndex> read_index(const Json& root, const std::vector<std::string>
   uint64_t count = 0;
   if (auto p = root.find("prefixes"); p != root.end()) {
     if (!p->is_object()) return data_loss("tensorstore_index.json: \"prefixes\" must be an object, got " + shown(*p));
-    if (prefix_order.size() != p->size()) return internal_error("tensorstore_index.json: prefixes miscounted");
-    for (const std::string& name : prefix_order) {  // in file order
-      auto it = p->find(name);
-      if (it == p->end()) return internal_error("tensorstore_index.json: prefix " + in_quotes(name) + " lost");
-      if (name.empty() || name.find('/') != std::string::npos || name == "." || name == ".." ||
-          has_control_byte(name) || name.find('\\') != std::string::npos)
-        return data_loss("tensorstore_index.json: bad prefix name " + in_quotes(name));
-      auto list = read_list(*it, "prefixes[" + in_quotes(name) + "]", limits, &count);
+    for (auto it = p->begin(); it != p->end(); ++it) {
+      if (it.key().empty() || it.key().find('/') != std::string::npos || it.key() == "." || it.key() == ".." ||
+          has_control_byte(it.key()) || it.key().find('\\') != std::string::npos)
+        return data_loss("tensorstore_index.json: bad prefix name " + in_quotes(it.key()));
+      auto list = read_list(*it, "prefixes[" + in_quotes(it.key()) + "]", limits, &count);
       if (!list.ok()) return list.status();
-      index.prefixes.push_back({name, std::move(*list)});
+      index.prefixes.push_back({it.key(), std::move(*list)});
     }
   }
   if (auto a = root.find("arrays"); a != root.end()) {
@@ -389,10 +321,9 @@ std::string key_path_of_array_dir(std::string_view path) {
 Result<EformerIndex> parse_eformer_index(std::string_view text, const EformerIndexLimits& limits) {
   Json root;
   JsonFreer free_root(root);
-  std::vector<std::string> prefix_order;
-  CKPTIO_RETURN_IF_ERROR(parse_screened(text, limits.max_bytes, "tensorstore_index.json", &root, &prefix_order));
+  CKPTIO_RETURN_IF_ERROR(parse_screened(text, limits.max_bytes, "tensorstore_index.json", &root));
   try {
-    return read_index(root, prefix_order, limits);
+    return read_index(root, limits);
   } catch (const std::bad_alloc&) {  // not damage: the file may be whole
     return out_of_memory("read tensorstore_index.json");
   } catch (const std::exception& e) {  // types are checked before every get

@@ -77,6 +77,12 @@ foreach(name IN LISTS CKPTIO_S3_SERVERS)
     FIXTURES_REQUIRED s3_${name} SKIP_RETURN_CODE 77 TIMEOUT 120)
 endforeach()
 
+# s3rver answers PutObject only once the object is written (the patch in
+# tools/s3rver/patches; tests/s3/README.md, "The one patch to s3rver").
+add_test(NAME s3rver_put_race
+         COMMAND ${CKPTIO_S3_TOOLS}/s3rver-put-race ${CKPTIO_S3_STATE_ROOT}/put-race)
+set_tests_properties(s3rver_put_race PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120)
+
 foreach(name IN LISTS CKPTIO_S3_PROXIES)
   set(state ${CKPTIO_S3_STATE_ROOT}/${name})
   set(upstream ${CKPTIO_S3_UPSTREAM_${name}})

@@ -4,6 +4,12 @@
 // until fewer than max_in_flight are running, so that no request's timeout
 // starts ticking while it queues inside curl for a connection; a request's
 // prepare hook (the S3 client's signing) runs when it leaves `ready`.
+//
+// Out of memory: the loop never lets an exception out. A request whose
+// bookkeeping, preparation or response headers the system refuses memory for
+// fails alone with CURLE_OUT_OF_MEMORY ("out of memory", which fits in a
+// std::string without allocating); the others go on (tests/alloc/,
+// docs/reliability.md "Out of memory").
 #include "backends/s3/http_client.h"
 
 #include <curl/curl.h>
@@ -17,13 +23,19 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <new>
 #include <thread>
+
+#include <pthread.h>
 
 namespace ckptio::s3 {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Short enough for std::string's inline buffer: assigning it allocates nothing.
+constexpr const char* kOutOfMemory = "out of memory";
 
 void global_init() {
   static std::once_flag once;
@@ -56,11 +68,16 @@ struct Transfer {
   Clock::time_point last_progress;
   curl_off_t seen_down = -1, seen_up = -1;
   bool stalled = false;
+  // A callback below was refused memory (a header, an error body): the
+  // transfer was aborted and fails with CURLE_OUT_OF_MEMORY.
+  bool out_of_memory = false;
 };
 
 namespace {
 
-size_t on_header(char* data, size_t size, size_t n, void* p) {
+// curl's callbacks are called from C: no exception may leave them. One that
+// is refused memory aborts its transfer (a return other than the size).
+size_t on_header(char* data, size_t size, size_t n, void* p) noexcept {
   auto* t = static_cast<Transfer*>(p);
   std::string_view line(data, size * n);
   if (line.rfind("HTTP/", 0) == 0) {  // a new response (e.g. after 100 Continue)
@@ -70,14 +87,19 @@ size_t on_header(char* data, size_t size, size_t n, void* p) {
   }
   size_t colon = line.find(':');
   if (colon != std::string_view::npos) {
-    std::string name = trim(line.substr(0, colon));
-    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    t->resp.headers[name] = trim(line.substr(colon + 1));
+    try {
+      std::string name = trim(line.substr(0, colon));
+      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      t->resp.headers[name] = trim(line.substr(colon + 1));
+    } catch (...) {
+      t->out_of_memory = true;
+      return 0;
+    }
   }
   return size * n;
 }
 
-size_t on_body(char* data, size_t size, size_t n, void* p) {
+size_t on_body(char* data, size_t size, size_t n, void* p) noexcept {
   auto* t = static_cast<Transfer*>(p);
   const size_t len = size * n;
   if (!t->decided) {
@@ -123,11 +145,16 @@ size_t on_body(char* data, size_t size, size_t n, void* p) {
     t->resp.body_too_large = true;
     return 0;
   }
-  t->resp.body.append(data, len);
+  try {
+    t->resp.body.append(data, len);
+  } catch (...) {
+    t->out_of_memory = true;
+    return 0;
+  }
   return len;
 }
 
-size_t on_read(char* buf, size_t size, size_t n, void* p) {
+size_t on_read(char* buf, size_t size, size_t n, void* p) noexcept {
   auto* t = static_cast<Transfer*>(p);
   const uint64_t left = t->req.body.size() - t->body_pos;
   const size_t len = static_cast<size_t>(std::min<uint64_t>(left, size * n));
@@ -141,7 +168,7 @@ size_t on_read(char* buf, size_t size, size_t n, void* p) {
 // its last ~5 s, so after a burst -- a part sent into the socket buffers, or
 // half a body received -- it fires up to 5 s late; this one counts from the
 // last byte. curl calls it at least once a second, also while nothing moves.
-int on_progress(void* p, curl_off_t, curl_off_t dlnow, curl_off_t, curl_off_t ulnow) {
+int on_progress(void* p, curl_off_t, curl_off_t dlnow, curl_off_t, curl_off_t ulnow) noexcept {
   auto* t = static_cast<Transfer*>(p);
   const auto now = Clock::now();
   if (dlnow != t->seen_down || ulnow != t->seen_up) {
@@ -155,7 +182,7 @@ int on_progress(void* p, curl_off_t, curl_off_t dlnow, curl_off_t, curl_off_t ul
   return 1;  // CURLE_ABORTED_BY_CALLBACK, reported as CURLE_OPERATION_TIMEDOUT
 }
 
-int on_seek(void* p, curl_off_t offset, int origin) {
+int on_seek(void* p, curl_off_t offset, int origin) noexcept {
   auto* t = static_cast<Transfer*>(p);
   if (origin != SEEK_SET || offset < 0 || static_cast<uint64_t>(offset) > t->req.body.size())
     return CURL_SEEKFUNC_CANTSEEK;
@@ -171,6 +198,9 @@ struct HttpClient::Loop {
   explicit Loop(const HttpClientOptions& o) : opt(o) {
     global_init();
     if (opt.max_in_flight == 0) opt.max_in_flight = 1;
+    // At most max_in_flight easy handles ever exist: handing one back to
+    // `idle` never allocates.
+    idle.reserve(opt.max_in_flight);
     multi = curl_multi_init();
     curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS, static_cast<long>(opt.max_in_flight));
     curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, static_cast<long>(opt.max_in_flight));
@@ -192,7 +222,7 @@ struct HttpClient::Loop {
     {
       std::lock_guard lock(mu);
       if (!stopping) {
-        incoming.push_back(std::move(t));
+        incoming.push_back(std::move(t));  // or throws, having queued nothing
         t = nullptr;
       }
     }
@@ -203,24 +233,40 @@ struct HttpClient::Loop {
     curl_multi_wakeup(multi);
   }
 
-  void run() {
+  // Never throws (see the top of the file).
+  void run() noexcept {
+    // Named for top -H, gdb and perf, and for the allocation sweeps
+    // (tests/alloc/), which fail this thread's allocations by its name.
+    pthread_setname_np(pthread_self(), "ckptio-http");
     for (;;) {
       bool stop = false;
       {
         std::lock_guard lock(mu);
         stop = stopping;
-        for (auto& t : incoming) delayed.emplace(t->not_before, std::move(t));
-        incoming.clear();
+        arrived.swap(incoming);  // no allocation; no callback under the lock
       }
       if (stop) break;
+      for (auto& t : arrived) {
+        try {
+          delayed.emplace(t->not_before, std::move(t));
+        } catch (...) {  // the node: t was not moved
+          fail(*t, CURLE_OUT_OF_MEMORY, kOutOfMemory);
+        }
+      }
+      arrived.clear();
       const auto now = Clock::now();
       while (!delayed.empty() && delayed.begin()->first <= now) {
-        ready.push_back(std::move(delayed.begin()->second));
-        delayed.erase(delayed.begin());
+        auto node = delayed.extract(delayed.begin());
+        try {
+          ready.push_back(std::move(node.mapped()));
+        } catch (...) {  // a deque block: push_back moved nothing
+          fail(*node.mapped(), CURLE_OUT_OF_MEMORY, kOutOfMemory);
+        }
       }
       while (running.size() < opt.max_in_flight && !ready.empty()) {
-        start(std::move(ready.front()));
+        std::unique_ptr<Transfer> t = std::move(ready.front());
         ready.pop_front();
+        start(std::move(t));
       }
       int still = 0;
       curl_multi_perform(multi, &still);
@@ -239,98 +285,122 @@ struct HttpClient::Loop {
       curl_multi_poll(multi, nullptr, 0, timeout_ms, nullptr);
     }
     // Shutdown: everything not finished fails.
-    for (auto& [easy, t] : running) {
-      curl_multi_remove_handle(multi, easy);
-      finish(std::move(t), CURLE_ABORTED_BY_CALLBACK, "HTTP client is shutting down");
+    constexpr const char* kShutdown = "HTTP client is shutting down";
+    while (!running.empty()) {
+      auto node = running.extract(running.begin());
+      curl_multi_remove_handle(multi, node.key());
+      finish(std::move(node.mapped()), CURLE_ABORTED_BY_CALLBACK, kShutdown);
     }
-    running.clear();
-    std::vector<std::unique_ptr<Transfer>> rest;
-    for (auto& t : ready) rest.push_back(std::move(t));
-    for (auto& [when, t] : delayed) rest.push_back(std::move(t));
+    for (; !ready.empty(); ready.pop_front()) fail(*ready.front(), CURLE_ABORTED_BY_CALLBACK, kShutdown);
+    while (!delayed.empty())
+      fail(*delayed.extract(delayed.begin()).mapped(), CURLE_ABORTED_BY_CALLBACK, kShutdown);
     {
       std::lock_guard lock(mu);
-      for (auto& t : incoming) rest.push_back(std::move(t));
-      incoming.clear();
+      arrived.swap(incoming);
     }
-    for (auto& t : rest) fail(*t, CURLE_ABORTED_BY_CALLBACK, "HTTP client is shutting down");
+    for (auto& t : arrived) fail(*t, CURLE_ABORTED_BY_CALLBACK, kShutdown);
+    arrived.clear();
   }
 
-  void start(std::unique_ptr<Transfer> t) {
-    // The last moment before the request goes out: signed now, not when queued.
-    if (t->req.prepare) {
-      auto prepare = std::move(t->req.prepare);
-      prepare(t->req);
-    }
-    CURL* e = nullptr;
-    if (!idle.empty()) {
-      e = idle.back();
-      idle.pop_back();
-      curl_easy_reset(e);
-    } else {
-      e = curl_easy_init();
-    }
-    if (!e) {
-      fail(*t, CURLE_OUT_OF_MEMORY, "curl_easy_init failed");
-      return;
-    }
-    t->easy = e;
-    const HttpRequest& r = t->req;
-    curl_easy_setopt(e, CURLOPT_URL, r.url.c_str());
-    curl_easy_setopt(e, CURLOPT_PRIVATE, t.get());
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
-    curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
-    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(opt.connect_timeout_s * 1000));
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, std::max(1L, static_cast<long>(opt.stall_timeout_s)));
-    t->stall_limit = std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(opt.stall_timeout_s));
-    t->last_progress = Clock::now();
-    curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
-    curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, on_progress);
-    curl_easy_setopt(e, CURLOPT_XFERINFODATA, t.get());
-    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 512L * 1024);
-    curl_easy_setopt(e, CURLOPT_UPLOAD_BUFFERSIZE, 512L * 1024);
-    curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, opt.verify_tls ? 1L : 0L);
-    curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, opt.verify_tls ? 2L : 0L);
-    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(e, CURLOPT_HEADERDATA, t.get());
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, t.get());
-    curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
-    curl_easy_setopt(e, CURLOPT_READDATA, t.get());
-    curl_easy_setopt(e, CURLOPT_SEEKFUNCTION, on_seek);
-    curl_easy_setopt(e, CURLOPT_SEEKDATA, t.get());
-    const auto size = static_cast<curl_off_t>(r.body.size());
-    if (r.method == "HEAD") {
-      curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
-    } else if (r.method == "PUT") {
-      curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
-      curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, size);
-    } else if (r.method == "POST") {
-      curl_easy_setopt(e, CURLOPT_POST, 1L);
-      curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, size);
-    } else if (r.method != "GET") {
-      curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, r.method.c_str());
-    }
-    for (const auto& [k, v] : r.headers)
-      t->headers = curl_slist_append(t->headers, (k + ": " + v).c_str());
-    // No 100-continue round trip before each body; an S3 error arrives
-    // after the body instead, which costs only bandwidth on a failure.
-    t->headers = curl_slist_append(t->headers, "Expect:");
-    if (r.method == "POST" && r.body.empty())
-      t->headers = curl_slist_append(t->headers, "Content-Type:");
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->headers);
-    if (curl_multi_add_handle(multi, e) != CURLM_OK) {
-      idle.push_back(e);
-      fail(*t, CURLE_FAILED_INIT, "curl_multi_add_handle failed");
-      return;
-    }
-    running.emplace(e, std::move(t));
+  // curl_slist_append returns null, keeping the list, when refused memory.
+  static void append_header(Transfer& t, const char* line) {
+    curl_slist* list = curl_slist_append(t.headers, line);
+    if (!list) throw std::bad_alloc();
+    t.headers = list;
   }
 
-  void complete(CURL* e, CURLcode code) {
+  // Hands the transfer to curl, or fails it: never throws.
+  void start(std::unique_ptr<Transfer> t) noexcept {
+    try {
+      // The last moment before the request goes out: signed now, not when queued.
+      if (t->req.prepare) {
+        auto prepare = std::move(t->req.prepare);
+        prepare(t->req);
+      }
+      CURL* e = nullptr;
+      if (!idle.empty()) {
+        e = idle.back();
+        idle.pop_back();
+        curl_easy_reset(e);
+      } else {
+        e = curl_easy_init();
+      }
+      if (!e) {
+        fail(*t, CURLE_OUT_OF_MEMORY, "curl_easy_init failed");
+        return;
+      }
+      t->easy = e;
+      const HttpRequest& r = t->req;
+      curl_easy_setopt(e, CURLOPT_URL, r.url.c_str());
+      curl_easy_setopt(e, CURLOPT_PRIVATE, t.get());
+      curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+      curl_easy_setopt(e, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_1_1));
+      curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+      curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+      curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(opt.connect_timeout_s * 1000));
+      curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
+      curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, std::max(1L, static_cast<long>(opt.stall_timeout_s)));
+      t->stall_limit = std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(opt.stall_timeout_s));
+      t->last_progress = Clock::now();
+      curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
+      curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, on_progress);
+      curl_easy_setopt(e, CURLOPT_XFERINFODATA, t.get());
+      curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 512L * 1024);
+      curl_easy_setopt(e, CURLOPT_UPLOAD_BUFFERSIZE, 512L * 1024);
+      curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, opt.verify_tls ? 1L : 0L);
+      curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, opt.verify_tls ? 2L : 0L);
+      curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+      curl_easy_setopt(e, CURLOPT_HEADERDATA, t.get());
+      curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+      curl_easy_setopt(e, CURLOPT_WRITEDATA, t.get());
+      curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
+      curl_easy_setopt(e, CURLOPT_READDATA, t.get());
+      curl_easy_setopt(e, CURLOPT_SEEKFUNCTION, on_seek);
+      curl_easy_setopt(e, CURLOPT_SEEKDATA, t.get());
+      const auto size = static_cast<curl_off_t>(r.body.size());
+      if (r.method == "HEAD") {
+        curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+      } else if (r.method == "PUT") {
+        curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
+        curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, size);
+      } else if (r.method == "POST") {
+        curl_easy_setopt(e, CURLOPT_POST, 1L);
+        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, size);
+      } else if (r.method != "GET") {
+        curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, r.method.c_str());
+      }
+      for (const auto& [k, v] : r.headers) append_header(*t, (k + ": " + v).c_str());
+      // No 100-continue round trip before each body; an S3 error arrives
+      // after the body instead, which costs only bandwidth on a failure.
+      append_header(*t, "Expect:");
+      if (r.method == "POST" && r.body.empty()) append_header(*t, "Content-Type:");
+      curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->headers);
+      auto [it, inserted] = running.emplace(e, std::move(t));  // or throws: t not moved
+      if (curl_multi_add_handle(multi, e) != CURLM_OK) {
+        t = std::move(it->second);
+        running.erase(it);
+        finish(std::move(t), CURLE_FAILED_INIT, "curl_multi_add_handle failed");
+      }
+    } catch (...) {
+      if (!t) return;  // not reached: nothing after the emplace throws
+      const bool oom = is_bad_alloc();
+      finish(std::move(t), oom ? CURLE_OUT_OF_MEMORY : CURLE_FAILED_INIT,
+             oom ? kOutOfMemory : "preparing the request threw");
+    }
+  }
+
+  static bool is_bad_alloc() noexcept {
+    try {
+      throw;
+    } catch (const std::bad_alloc&) {
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+
+  void complete(CURL* e, CURLcode code) noexcept {
     auto it = running.find(e);
     curl_multi_remove_handle(multi, e);
     if (it == running.end()) return;
@@ -342,10 +412,13 @@ struct HttpClient::Loop {
     curl_easy_getinfo(e, CURLINFO_NUM_CONNECTS, &fresh);
     connections += static_cast<uint64_t>(fresh);
     t->resp.status = status;
-    std::string message = code == CURLE_OK ? "" : curl_easy_strerror(code);
-    if (code == CURLE_ABORTED_BY_CALLBACK && t->stalled) {
+    const char* message = code == CURLE_OK ? "" : curl_easy_strerror(code);
+    char buf[96];
+    if (t->out_of_memory) {
+      code = CURLE_OUT_OF_MEMORY;
+      message = kOutOfMemory;
+    } else if (code == CURLE_ABORTED_BY_CALLBACK && t->stalled) {
       code = CURLE_OPERATION_TIMEDOUT;
-      char buf[96];
       std::snprintf(buf, sizeof buf, "stalled: no byte moved for %g s", opt.stall_timeout_s);
       message = buf;
     }
@@ -353,17 +426,22 @@ struct HttpClient::Loop {
   }
 
   // Hands the easy handle back for reuse and runs the callback.
-  void finish(std::unique_ptr<Transfer> t, CURLcode code, const std::string& message) {
-    if (t->easy) idle.push_back(t->easy);
+  void finish(std::unique_ptr<Transfer> t, CURLcode code, const char* message) noexcept {
+    if (t->easy) idle.push_back(t->easy);  // reserved: never allocates
     t->easy = nullptr;
     if (t->headers) curl_slist_free_all(t->headers);
     t->headers = nullptr;
     fail(*t, code, message);
   }
 
-  void fail(Transfer& t, CURLcode code, const std::string& message) {
+  // Runs the request's callback, which must not throw (http_client.h).
+  void fail(Transfer& t, CURLcode code, const char* message) noexcept {
     t.resp.curl_code = code;
-    t.resp.curl_error = message;
+    try {
+      t.resp.curl_error = message;
+    } catch (...) {  // a message too long for the inline buffer
+      t.resp.curl_error.clear();
+    }
     ++completed;
     HttpDone done = std::move(t.done);
     done(std::move(t.resp));
@@ -376,6 +454,7 @@ struct HttpClient::Loop {
   std::mutex mu;  // guards incoming, stopping
   std::vector<std::unique_ptr<Transfer>> incoming;
   bool stopping = false;
+  std::vector<std::unique_ptr<Transfer>> arrived;  // loop thread: swapped with incoming
 
   // Loop thread only.
   std::multimap<Clock::time_point, std::unique_ptr<Transfer>> delayed;

@@ -5,9 +5,15 @@
 // It knows nothing of S3: no signing, no retries (s3_client.h does both).
 //
 // Thread safety: submit() may be called from any thread. Completion callbacks
-// run on the loop thread, one at a time; they must not block (they may call
-// submit()). The destructor fails every request still queued or in flight with
-// CURLE_ABORTED_BY_CALLBACK and joins the loop.
+// run on the loop thread (named "ckptio-http"), one at a time; they must not
+// block (they may call submit()) and must not throw: a callback refused memory
+// reports that through its own channel (an S3 client's status). The destructor
+// fails every request still queued or in flight with CURLE_ABORTED_BY_CALLBACK
+// and joins the loop.
+//
+// Out of memory: submit() throws std::bad_alloc having queued nothing; on the
+// loop, a request whose preparation, bookkeeping or response headers are
+// refused memory fails alone with CURLE_OUT_OF_MEMORY.
 #pragma once
 
 #include <chrono>

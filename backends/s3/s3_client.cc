@@ -12,6 +12,7 @@
 #include "backends/s3/retry.h"
 #include "backends/s3/s3_xml.h"
 #include "backends/s3/sigv4.h"
+#include "src/util/allocate.h"
 #include "src/util/log.h"
 
 namespace ckptio::s3 {
@@ -139,7 +140,7 @@ std::pair<Status, HttpResponse> S3Client::execute_sync(S3Op op) {
   return f.get();
 }
 
-void S3Client::send(std::shared_ptr<Attempt> a, std::chrono::milliseconds delay) {
+void S3Client::send(const std::shared_ptr<Attempt>& a, std::chrono::milliseconds delay) {
   const S3Op& op = a->op;
   HttpRequest req;
   req.method = op.method;
@@ -153,9 +154,16 @@ void S3Client::send(std::shared_ptr<Attempt> a, std::chrono::milliseconds delay)
   // a request signed when queued could be sent minutes later, and S3 refuses
   // a signature over 15 minutes old (403 RequestTimeTooSkewed).
   req.prepare = [this, a](HttpRequest& r) { prepare(*a, r); };
+  HttpDone on_done = [this, a](HttpResponse r) { on_response(a, std::move(r)); };
   ++a->attempts;
   ++requests_;
-  http_.submit(std::move(req), [this, a](HttpResponse r) { on_response(a, std::move(r)); }, delay);
+  try {
+    http_.submit(std::move(req), std::move(on_done), delay);
+  } catch (...) {  // nothing queued
+    --a->attempts;
+    --requests_;
+    throw;
+  }
 }
 
 // On the HTTP loop thread, right before the attempt is sent: the endpoint
@@ -197,27 +205,27 @@ void S3Client::prepare(Attempt& a, HttpRequest& req) {
   }
 }
 
-void S3Client::on_response(std::shared_ptr<Attempt> a, HttpResponse resp) {
-  const std::string what = a->op.method + " " + describe(a->op.key);
-  a->resends += resp.resends;
+Status S3Client::judge(Attempt& a, const HttpResponse& resp, bool& again, std::chrono::milliseconds& delay) {
+  const std::string what = a.op.method + " " + describe(a.op.key);
   Status st;
   if (resp.curl_code != CURLE_OK) {
     if (resp.body_too_large) {
       st = Status(Code::kDataLoss, what + ": response body larger than expected");
       // A 2xx the op's check finds wrong (a 200 with the whole object to a
       // ranged GET) is reported as the check says.
-      if (resp.status >= 200 && resp.status < 300 && a->op.check) {
-        Status why = a->op.check(resp);
+      if (resp.status >= 200 && resp.status < 300 && a.op.check) {
+        Status why = a.op.check(resp);
         if (!why.ok()) st = why.annotate(what);
       }
     } else {
       Code c = retryable_transport(resp.curl_code) ? Code::kUnavailable : Code::kIOError;
       if (resp.curl_code == CURLE_ABORTED_BY_CALLBACK) c = Code::kCancelled;
+      if (resp.curl_code == CURLE_OUT_OF_MEMORY) c = Code::kResourceExhausted;
       st = Status(c, what + ": " + resp.curl_error);
     }
   } else if (resp.status >= 200 && resp.status < 300) {
-    if (a->op.check) {
-      st = a->op.check(resp);
+    if (a.op.check) {
+      st = a.op.check(resp);
       if (!st.ok()) st = st.annotate(what);
     }
   } else {
@@ -225,12 +233,13 @@ void S3Client::on_response(std::shared_ptr<Attempt> a, HttpResponse resp) {
     // 400 AuthorizationHeaderMalformed, 403 on a HEAD). Once per request, and
     // not counted against its attempts.
     const std::string* bucket_region = resp.header("x-amz-bucket-region");
-    if (!a->redirected && bucket_region && *bucket_region != a->signed_region &&
+    if (!a.redirected && bucket_region && *bucket_region != a.signed_region &&
         (resp.status == 301 || resp.status == 400 || resp.status == 403) && follow_region(*bucket_region)) {
-      a->redirected = true;
-      --a->attempts;
-      send(std::move(a), std::chrono::milliseconds(0));
-      return;
+      a.redirected = true;
+      --a.attempts;
+      again = true;
+      delay = std::chrono::milliseconds(0);
+      return Status::OK();
     }
     std::optional<S3Error> err = parse_error(resp.body);
     std::string s3code = err ? err->code : "";
@@ -245,14 +254,14 @@ void S3Client::on_response(std::shared_ptr<Attempt> a, HttpResponse resp) {
     if (body_mismatch(s3code)) {
       // The body arrived damaged: sent again from memory, a bounded number of
       // times (retry.h); then kDataLoss, saying what that means.
-      if (++a->damaged < kBodyMismatchAttempts && a->attempts < config_.retry.max_attempts) {
+      if (++a.damaged < kBodyMismatchAttempts && a.attempts < config_.retry.max_attempts) {
         st = Status(Code::kUnavailable, msg);
       } else {
         st = Status(st.code(), msg + " (the server received a body other than the one sent, " +
-                                   std::to_string(a->damaged) +
+                                   std::to_string(a.damaged) +
                                    " times: damaged on the way each time, or changed in memory while it was sent)");
       }
-    } else if (has_header(a->op, kChecksumHeader) && (resp.status == 400 || resp.status == 501) &&
+    } else if (has_header(a.op, kChecksumHeader) && (resp.status == 400 || resp.status == 501) &&
                (s3code == "InvalidRequest" || s3code == "InvalidArgument" || s3code == "NotImplemented")) {
       // A server that does not know the checksum header may refuse it.
       msg += " (if this server refuses x-amz-checksum-crc32c, turn upload checksums off: "
@@ -260,17 +269,39 @@ void S3Client::on_response(std::shared_ptr<Attempt> a, HttpResponse resp) {
       st = Status(st.code(), msg);
     }
   }
-  if (!st.ok() && st.retryable() && a->attempts < config_.retry.max_attempts) {
-    ++retries_;
-    double s = backoff_seconds(config_.retry, a->attempts - 1, uniform01());
-    send(std::move(a), std::chrono::milliseconds(static_cast<int64_t>(s * 1000)));
-    return;
+  if (!st.ok() && st.retryable() && a.attempts < config_.retry.max_attempts) {
+    double s = backoff_seconds(config_.retry, a.attempts - 1, uniform01());
+    again = true;
+    delay = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+    return st;
   }
-  if (!st.ok() && a->attempts > 1)
-    st = Status(st.code(), st.message() + " (after " + std::to_string(a->attempts) + " attempts)");
+  if (!st.ok() && a.attempts > 1)
+    st = Status(st.code(), st.message() + " (after " + std::to_string(a.attempts) + " attempts)");
+  return st;
+}
+
+// On the HTTP loop thread. Throws nothing: whatever is refused memory here
+// ends the request with kResourceExhausted.
+void S3Client::on_response(const std::shared_ptr<Attempt>& a, HttpResponse resp) noexcept {
+  a->resends += resp.resends;
+  bool again = false;
+  std::chrono::milliseconds delay{0};
+  Status st = status_or_out_of_memory([&] { return judge(*a, resp, again, delay); });
+  if (again) {
+    try {
+      if (!st.ok()) ++retries_;  // a redirect is not a retry
+      send(a, delay);
+      return;
+    } catch (...) {
+      if (!st.ok()) --retries_;
+      st = status_of_exception("queue a retry of an S3 request");
+    }
+  }
   if (a->op.attempts) *a->op.attempts = a->attempts + a->resends;
   S3Done done = std::move(a->done);
   done(std::move(st), std::move(resp));
 }
+
+
 
 }  // namespace ckptio::s3

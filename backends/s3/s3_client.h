@@ -15,7 +15,12 @@
 // the number of attempts; it never contains credentials.
 //
 // Thread safety: execute() may be called from any thread, including from a
-// completion callback. Callbacks run on the HTTP loop thread.
+// completion callback. Callbacks run on the HTTP loop thread and must not
+// throw (http_client.h).
+//
+// Out of memory: execute() throws std::bad_alloc having queued nothing. On
+// the loop, an attempt refused memory (its signing, its response, a retry's
+// queueing) ends the request with kResourceExhausted, never retried.
 #pragma once
 
 #include <atomic>
@@ -86,9 +91,13 @@ class S3Client {
   struct Attempt;
   // Queues an attempt on the HTTP loop (after `delay`); prepare() makes its
   // URL and signs it there, when it is sent.
-  void send(std::shared_ptr<Attempt> a, std::chrono::milliseconds delay);
+  // Throws having queued nothing.
+  void send(const std::shared_ptr<Attempt>& a, std::chrono::milliseconds delay);
   void prepare(Attempt& a, HttpRequest& req);
-  void on_response(std::shared_ptr<Attempt> a, HttpResponse resp);
+  void on_response(const std::shared_ptr<Attempt>& a, HttpResponse resp) noexcept;
+  // What on_response makes of a response: the request's status, and whether
+  // to send the attempt again (after `delay`) instead of reporting it.
+  Status judge(Attempt& a, const HttpResponse& resp, bool& again, std::chrono::milliseconds& delay);
 
   // The bucket's region, as the server named it (x-amz-bucket-region on a
   // 301, 400 or 403): later attempts sign for it and, on AWS's default

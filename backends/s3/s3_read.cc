@@ -11,6 +11,7 @@
 
 #include "backends/s3/read_plan.h"
 #include "backends/s3/s3_storage_internal.h"
+#include "src/util/allocate.h"
 #include "src/util/log.h"
 
 namespace ckptio::s3::storage_internal {
@@ -35,9 +36,9 @@ struct Waiter {
     std::lock_guard lock(mu);
     pending += n;
   }
-  void done(const Status& st) {
+  void done(const Status& st) noexcept {
     std::lock_guard lock(mu);
-    if (!st.ok() && first.ok()) first = st;
+    if (!st.ok() && first.ok()) first = status_or_out_of_memory([&] { return st; });
     if (--pending == 0) cv.notify_all();
   }
   Status wait() {
@@ -73,16 +74,26 @@ Status S3StorageImpl::read(std::span<const ReadRequest> requests) {
     Waiter w;
     std::mutex mu;
     w.add(heads.size());
+    size_t queued = 0;
+    Status refused;
     for (auto& [key, slot] : heads) {
-      head_async(full(key), [&, slot_ptr = &slot](Result<Head> h) {
-        {
-          std::lock_guard lock(mu);
-          *slot_ptr = std::move(h);
-        }
-        w.done(Status::OK());
-      });
+      try {  // head_async() queues the HEAD or throws having queued nothing
+        head_async(full(key), [&, slot_ptr = &slot](Result<Head> h) {
+          {
+            std::lock_guard lock(mu);
+            *slot_ptr = std::move(h);
+          }
+          w.done(Status::OK());
+        });
+      } catch (...) {
+        refused = status_of_exception("queue a HEAD of a read");
+        break;
+      }
+      ++queued;
     }
-    (void)w.wait();
+    for (size_t i = queued; i < heads.size(); ++i) w.done(Status::OK());  // never queued
+    (void)w.wait();  // before `w`, `mu` and `heads` go: the HEADs in flight write there
+    CKPTIO_RETURN_IF_ERROR(refused);
   }
   for (const ReadRequest& r : requests) {
     auto it = heads.find(r.key);
@@ -94,8 +105,9 @@ Status S3StorageImpl::read(std::span<const ReadRequest> requests) {
   }
   // 2. The GETs.
   Waiter w;
+  Status refused;
   logging::debug("ckptio: s3 read of {} ranges: {} GETs, {} HEADs", requests.size(), gets.size(), heads.size());
-  for (RangedGet& g : gets) {
+  for (RangedGet& g : gets) try {
     auto head = heads.find(g.key);
     const bool lone = head == heads.end();  // the object's only GET
     const uint64_t off = g.offset, len = g.length;
@@ -144,16 +156,30 @@ Status S3StorageImpl::read(std::span<const ReadRequest> requests) {
       }
       return Status::OK();
     };
-    w.add();
-    client_.execute(std::move(op), [&w, this, lone, key = g.key, off, len](Status st, HttpResponse resp) {
-      if (st.code() == Code::kFailedPrecondition)
-        st = data_loss(st.message() + " (the object changed while it was being read)");
-      // 416: the range starts past the end of an object read without a HEAD.
-      if (lone && resp.status == 416) st = past_the_end(key, off, len, object_size(resp).value_or(0));
+    S3Done on_done = [&w, this, lone, key = g.key, off, len](Status st, HttpResponse resp) {
+      // On the HTTP loop: throws nothing (http_client.h).
+      st = status_or_out_of_memory([&]() -> Status {
+        if (st.code() == Code::kFailedPrecondition)
+          return data_loss(st.message() + " (the object changed while it was being read)");
+        // 416: the range starts past the end of an object read without a HEAD.
+        if (lone && resp.status == 416) return past_the_end(key, off, len, object_size(resp).value_or(0));
+        return std::move(st);
+      });
       w.done(st);
-    });
+    };
+    w.add();
+    try {  // execute() queues the GET or throws having queued nothing
+      client_.execute(std::move(op), std::move(on_done));
+    } catch (...) {
+      w.done(Status::OK());
+      throw;
+    }
+  } catch (...) {
+    refused = status_of_exception("queue a ranged GET of a read");
+    break;
   }
-  return w.wait();
+  Status got = w.wait();  // before `w` and the caller's buffers go: the GETs in flight use them
+  return refused.ok() ? got : refused;
 }
 
 Status S3StorageImpl::past_the_end(const std::string& key, uint64_t offset, uint64_t length,
@@ -193,15 +219,23 @@ void S3StorageImpl::head_async(const std::string& full_key, std::function<void(R
   S3Op op;
   op.method = "HEAD";
   op.key = full_key;
+  // On the HTTP loop: throws nothing (http_client.h).
   client_.execute(std::move(op), [this, full_key, done = std::move(done)](Status st, HttpResponse r) {
-    if (!st.ok()) {
-      if (st.code() == Code::kNotFound) st = not_found(client_.describe(full_key) + " does not exist");
-      return done(st);
+    Result<Head> head = Status(Code::kResourceExhausted, "out of memory");
+    try {
+      if (!st.ok()) {
+        if (st.code() == Code::kNotFound) st = not_found(client_.describe(full_key) + " does not exist");
+        head = std::move(st);
+      } else if (auto size = parse_u64(r.header("content-length")); !size) {
+        head = io_error(client_.describe(full_key) + ": HEAD without a Content-Length");
+      } else {
+        const std::string* etag = r.header("etag");
+        head = Head{*size, etag ? *etag : ""};
+      }
+    } catch (...) {
+      head = Status(Code::kResourceExhausted, "out of memory");
     }
-    auto size = parse_u64(r.header("content-length"));
-    if (!size) return done(io_error(client_.describe(full_key) + ": HEAD without a Content-Length"));
-    const std::string* etag = r.header("etag");
-    done(Head{*size, etag ? *etag : ""});
+    done(std::move(head));
   });
 }
 

@@ -75,13 +75,16 @@ class S3Writer : public WritableObject {
         std::string crc = c_.config().checksums ? crc32c_base64(op.body) : std::string();
         if (!crc.empty()) op.headers.emplace_back(kChecksumHeader, crc);
         // execute() queues the request or throws having queued nothing.
+        // On the HTTP loop: throws nothing (http_client.h).
         c_.execute(std::move(op), [this, range, pn, len, crc](Status st, HttpResponse r) {
-          const std::string* etag = r.header("etag");
-          if (st.ok() && !etag) st = io_error(c_.describe(key_) + ": UploadPart returned no ETag");
-          if (st.ok()) {
+          if (st.ok()) st = status_or_out_of_memory([&] {
+            const std::string* etag = r.header("etag");
+            if (!etag) return io_error(c_.describe(key_) + ": UploadPart returned no ETag");
+            Part part{*etag, len, crc};
             std::lock_guard lock(mu_);
-            parts_[pn] = {*etag, len, crc};
-          }
+            parts_.insert_or_assign(pn, std::move(part));
+            return Status::OK();
+          });
           land(*range, std::move(st), 1);
         });
         ++queued;

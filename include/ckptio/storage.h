@@ -66,6 +66,11 @@ struct StorageCaps {
 // backend could only partly queue (its first pieces in flight, memory refused
 // for the rest) is accepted and fails through `done` (kResourceExhausted),
 // once its queued pieces completed; finish() then fails too.
+//
+// `done` runs on a backend thread (the ring's, the HTTP loop's) or the
+// caller's, and must not throw: it records its status without failing for
+// want of memory (a Status copy that allocates goes through
+// status_or_out_of_memory, containers it fills are reserved).
 class WritableObject {
  public:
   virtual ~WritableObject() = default;

@@ -228,9 +228,11 @@ class DataFileWriter {
   }
   void put(uint64_t len) {
     const size_t b = current_;
+    // On a backend thread: throws nothing (storage.h; free_ never outgrows
+    // the capacity the constructor gave it).
     obj_->write_async(written_, {buffers_[b].data(), len}, [this, b](Status st) {
       std::lock_guard lock(mu_);
-      if (!st.ok() && error_.ok()) error_ = st;
+      if (!st.ok() && error_.ok()) error_ = std::move(st);
       free_.push_back(b);
       cv_.notify_all();
     });

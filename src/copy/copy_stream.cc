@@ -45,7 +45,9 @@ constexpr uint64_t kAlign = 4096;
 // Chunk buffers, allocated on first use, at most `capacity`.
 class ChunkBuffers {
  public:
-  ChunkBuffers(uint64_t chunk, size_t capacity) : chunk_(chunk), capacity_(capacity) {}
+  ChunkBuffers(uint64_t chunk, size_t capacity) : chunk_(chunk), capacity_(capacity) {
+    free_.reserve(capacity_);  // release(), on a backend thread, never allocates
+  }
 
   // `n` buffers, waiting for releases (n <= capacity).
   std::vector<std::byte*> acquire(size_t n) {
@@ -54,7 +56,7 @@ class ChunkBuffers {
     cv_.wait(lock, [&] { return !(got = take(n)).empty(); });
     return got;
   }
-  void release(std::byte* b) {
+  void release(std::byte* b) noexcept {
     {
       std::lock_guard lock(mu_);
       free_.push_back(b);

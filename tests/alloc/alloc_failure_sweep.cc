@@ -10,7 +10,8 @@
 // After each, the latest committed step restores bit-exact, every committed
 // step restores, and the next save works; after the sweep, gc() leaves
 // nothing but committed steps (docs/reliability.md, "Out of memory"). The
-// ring's and the HTTP client's threads, and the copy crew's, are not failed.
+// ring's and the copy crew's threads are not failed; the HTTP client's is,
+// in a sweep of its own (S3MotoAllocSweep, at the end).
 //
 // And a restore's, on the caller's thread: the latest step bit-exact, or
 // kResourceExhausted; never an older step or another status.
@@ -20,6 +21,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <future>
 #include <optional>
 #include <string>
 #include <thread>
@@ -531,6 +533,123 @@ TEST_P(AllocSweepS3, EachAllocationOfTheSaveWorkerFailsOnlyThatSaveBorrowMode) {
 TEST_P(AllocSweepS3, EachAllocationOfTheCallersSaveFailsOnlyThatSaveCopyMode) {
   sweep(store(), StagingMode::kCopy, kChunk, Failing::kCaller);
 }
+
+// The HTTP loop's own thread (backends/s3/http_client.cc, named "ckptio-http":
+// it signs each attempt, takes the response's headers and body, and runs the
+// S3 client's and the storage's callbacks). For n = 1, 2, ... its n-th
+// allocation during one round of requests throws. Each call ends OK or
+// kResourceExhausted, never a crash or a hang; an object holds the new bytes
+// or the old ones; the next round finds the loop working.
+//
+// Signing takes ~60 of the ~80 allocations a request makes on the loop, the
+// same for every request: the round of every kind of request (a PUT, a
+// one-part multipart upload, a read of three ranges: a HEAD, GETs with
+// If-Match, a lone GET; a listing) is swept unsigned (`anonymous`, which moto
+// accepts), and one signed PUT after it.
+// The objects are checked through a second, signed storage (an anonymous GET
+// of a missing key is 403, as on AWS without s3:ListBucket).
+void sweep_http_loop(const testutil::S3TestServer& server, bool anonymous, bool whole_round) {
+  s3::S3Config config = testutil::s3_test_config(server);
+  config.anonymous = anonymous;
+  std::string prefix = testutil::s3_test_prefix();
+  prefix.pop_back();  // no trailing '/'
+  const std::string uri = "s3://" + server.bucket + "/" + prefix;
+  auto opened = s3::make_s3_storage(uri, config);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  std::shared_ptr<Storage> s = *opened;
+  auto bytes = [](const std::string& v) {
+    return std::span<const std::byte>(reinterpret_cast<const std::byte*>(v.data()), v.size());
+  };
+  // A writer's whole life: one range, then finish. `early`: create_new(),
+  // one PUT as the range arrives; else a multipart upload of one part.
+  auto write = [&](bool early, const std::string& key, const std::string& v) -> Status {
+    auto w = early ? s->create_new(key, v.size()) : s->create(key, 2 * testutil::kS3TestPart);
+    if (!w.ok()) return w.status();
+    std::promise<Status> landed;
+    try {
+      (*w)->write_async(0, bytes(v), [&](Status st) { landed.set_value(std::move(st)); });
+    } catch (const std::bad_alloc&) {  // accepted nothing (storage.h)
+      (*w)->abort();
+      return Status(Code::kResourceExhausted, "write_async refused memory");
+    }
+    Status wrote = landed.get_future().get();
+    Status fin = (*w)->finish(v.size());
+    return wrote.ok() ? fin : wrote;
+  };
+  auto value = [](const char* what, int64_t n) {
+    return std::string(what) + " of round " + std::to_string(n) + std::string(1500, 'x');
+  };
+  std::string multi = value("multi", 0);
+  const std::string lone = value("lone", 0);
+  ASSERT_TRUE(write(false, "sweep/multi", multi).ok());
+  ASSERT_TRUE(write(false, "sweep/lone", lone).ok());
+  const std::optional<pid_t> loop = testutil::task_named("ckptio-http");
+  ASSERT_TRUE(loop) << "not exactly one thread named ckptio-http in this process";
+  auto checker = s3::make_s3_storage(uri, testutil::s3_test_config(server));
+  ASSERT_TRUE(checker.ok()) << checker.status().to_string();
+
+  int failed = 0;
+  for (int64_t n = 1;; ++n) {
+    SCOPED_TRACE("allocation " + std::to_string(n) + " of the HTTP loop fails");
+    const std::string new_multi = value("multi", n), single = value("single", n);
+    const std::string single_key = "sweep/single-" + std::to_string(n);
+    std::string a(100, '\0'), b(200, '\0'), c(50, '\0');
+    std::vector<ReadRequest> reads = {{"sweep/multi", 10, 100, reinterpret_cast<std::byte*>(a.data())},
+                                      {"sweep/multi", 1000, 200, reinterpret_cast<std::byte*>(b.data())},
+                                      {"sweep/lone", 5, 50, reinterpret_cast<std::byte*>(c.data())}};
+    Status up, read, list;
+    testutil::fail_nth_allocation_of_task(*loop, n);
+    Status early = write(true, single_key, single);
+    if (whole_round) {
+      up = write(false, "sweep/multi", new_multi);
+      read = s->read(reads);
+      list = s->list("sweep/", false).status();
+    }
+    const bool fired = testutil::disarm_allocation_failure();
+    for (const Status* st : {&early, &up, &read, &list})
+      if (!st->ok()) {
+        ++failed;
+        EXPECT_EQ(st->code(), Code::kResourceExhausted) << st->to_string();
+      }
+    if (!fired) {
+      EXPECT_TRUE(early.ok() && up.ok() && read.ok() && list.ok());
+      EXPECT_GT(n, whole_round ? 100 : 50) << "too few allocations on the loop: is the sweep armed on it?";
+      break;
+    }
+    // The objects: the new bytes where the write succeeded, else the new or
+    // the old ones (the server stored them, the answer was lost), never a mix.
+    auto e = (*checker)->get(single_key, 1 << 20);
+    if (early.ok()) EXPECT_TRUE(e.ok() && *e == single) << e.status().to_string();
+    else EXPECT_TRUE(!e.ok() ? e.status().code() == Code::kNotFound : *e == single) << early.to_string() << " / " << e.status().to_string();
+    if (::testing::Test::HasFailure()) return;
+    if (!whole_round) continue;
+    auto m = (*checker)->get("sweep/multi", 1 << 20);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    if (up.ok()) EXPECT_EQ(*m, new_multi);
+    else EXPECT_TRUE(*m == new_multi || *m == multi);
+    multi = *m;
+    if (read.ok()) {
+      EXPECT_EQ(a, multi.substr(10, 100));
+      EXPECT_EQ(b, multi.substr(1000, 200));
+      EXPECT_EQ(c, lone.substr(5, 50));
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+  ASSERT_TRUE(s->remove_prefix("sweep/").ok());
+  std::printf("sweep: %d requests failed\n", failed);
+}
+
+TEST(S3MotoAllocSweep, EachAllocationOfTheHttpLoopFailsOnlyItsRequest) {
+  const testutil::S3TestServerLookup look = testutil::lookup_s3_test_server();
+  if (!look.server) {
+    if (look.must_fail) FAIL() << look.why;
+    GTEST_SKIP() << look.why;
+  }
+  sweep_http_loop(*look.server, true, true);
+  if (::testing::Test::HasFailure()) return;
+  sweep_http_loop(*look.server, false, false);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, AllocSweepS3, ::testing::Values(testutil::Backend::kS3Moto),
                          testutil::backend_name);
 

@@ -1,7 +1,11 @@
 #include "alloc/failing_new.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <new>
 #include <thread>
 
@@ -10,12 +14,23 @@ namespace {
 
 std::atomic<bool> g_armed{false};
 std::atomic<std::thread::id> g_thread{};
+std::atomic<pid_t> g_task{0};  // when not 0, the thread is chosen by task id
 std::atomic<int64_t> g_countdown{0};
 std::atomic<bool> g_fired{false};
 
+pid_t my_task() {
+  static thread_local pid_t tid = 0;
+  if (tid == 0) tid = gettid();
+  return tid;
+}
+
+bool chosen() {
+  const pid_t task = g_task.load();
+  return task != 0 ? my_task() == task : std::this_thread::get_id() == g_thread.load();
+}
+
 void* allocate(std::size_t size, bool nothrow) {
-  if (g_armed.load(std::memory_order_acquire) && std::this_thread::get_id() == g_thread.load() &&
-      g_countdown.fetch_sub(1) == 1) {
+  if (g_armed.load(std::memory_order_acquire) && chosen() && g_countdown.fetch_sub(1) == 1) {
     g_armed.store(false);
     g_fired.store(true);
     if (nothrow) return nullptr;
@@ -31,9 +46,30 @@ void* allocate(std::size_t size, bool nothrow) {
 void fail_nth_allocation(std::thread::id thread, int64_t n) {
   g_armed.store(false);
   g_fired.store(false);
+  g_task.store(0);
   g_thread.store(thread);
   g_countdown.store(n);
   g_armed.store(true, std::memory_order_release);
+}
+
+void fail_nth_allocation_of_task(pid_t tid, int64_t n) {
+  g_armed.store(false);
+  g_fired.store(false);
+  g_task.store(tid);
+  g_countdown.store(n);
+  g_armed.store(true, std::memory_order_release);
+}
+
+std::optional<pid_t> task_named(const std::string& name) {
+  std::optional<pid_t> found;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(e.path() / "comm");
+    std::string line;
+    if (!std::getline(comm, line) || line != name) continue;
+    if (found) return std::nullopt;  // several
+    found = static_cast<pid_t>(std::stol(e.path().filename().string()));
+  }
+  return found;
 }
 
 bool disarm_allocation_failure() {

@@ -9,7 +9,11 @@
 // RLIMIT_AS tests of out_of_memory_test.cc).
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <thread>
 
 namespace ckptio::testutil {
@@ -17,6 +21,12 @@ namespace ckptio::testutil {
 // From now on, the n-th (1-based) allocation by operator new on `thread`
 // throws std::bad_alloc, once; other threads are never failed.
 void fail_nth_allocation(std::thread::id thread, int64_t n);
+// The same for the thread whose kernel task id is `tid` (a library thread the
+// test holds no std::thread::id of: see task_named).
+void fail_nth_allocation_of_task(pid_t tid, int64_t n);
+// The task id of this process's one thread named `name` (pthread_setname_np,
+// /proc/self/task/*/comm); nullopt when none or several have that name.
+std::optional<pid_t> task_named(const std::string& name);
 // Stops a failure not yet thrown. True when the armed failure was thrown.
 bool disarm_allocation_failure();
 

@@ -65,6 +65,23 @@ TEST(JsonFree, ParseIntoThrowsNlohmannsParseErrorAtTheSameByte) {
   }
 }
 
+// A number too large for a double is out_of_range (406) to nlohmann's
+// parser; callers catch parse_error for text that is not JSON, as
+// parse(text, nullptr, false) discarded it (the credentials fuzzer's find:
+// `0{">>>A00Z":444444444e444ar` ended the process).
+TEST(JsonFree, ParseIntoReportsAnOverflowingNumberAsAParseError) {
+  for (const std::string text : {R"({"a": 1e999})", "[-1e400]", R"({">>>A00Z":444444444e444})"}) {
+    SCOPED_TRACE(text);
+    EXPECT_TRUE(nlohmann::json::parse(text, nullptr, false).is_discarded());
+    nlohmann::json got;
+    JsonFreer free_got(got);
+    EXPECT_THROW(parse_json_into(got, text), nlohmann::json::parse_error);
+    nlohmann::ordered_json ordered;
+    JsonFreer free_ordered(ordered);
+    EXPECT_THROW(parse_json_into(ordered, text), nlohmann::ordered_json::parse_error);
+  }
+}
+
 TEST(JsonFree, FreeJsonEmptiesEveryContainer) {
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(kDocuments[5]);
   free_json(j);

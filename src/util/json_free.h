@@ -30,6 +30,7 @@
 #include <iterator>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -106,6 +107,19 @@ class JsonFreer {
 
 namespace json_free_internal {
 
+// What the parser reports goes out as J::parse_error, the one exception
+// callers catch for text that is not JSON: nlohmann's parser also reports a
+// number too large for a double ("1e999") as out_of_range (406), which
+// nlohmann::json::parse(text, nullptr, false) turned into a discarded value.
+template <class J, class Exception>
+[[noreturn]] void throw_as_parse_error(std::size_t at, const Exception& e) {
+  if constexpr (std::is_same_v<Exception, typename J::parse_error>) {
+    throw e;
+  } else {
+    throw J::parse_error::create(101, at, e.what(), nullptr);
+  }
+}
+
 // Counts the members of each object, in the order the objects open.
 template <class J>
 struct MemberCounts {
@@ -140,8 +154,8 @@ struct MemberCounts {
     return true;
   }
   template <class Exception>
-  bool parse_error(std::size_t, const std::string&, const Exception& e) {
-    throw e;
+  bool parse_error(std::size_t at, const std::string&, const Exception& e) {
+    throw_as_parse_error<J>(at, e);
   }
 };
 
@@ -186,8 +200,8 @@ class ReservingDom {
     return true;
   }
   template <class Exception>
-  bool parse_error(std::size_t, const std::string&, const Exception& e) {
-    throw e;
+  bool parse_error(std::size_t at, const std::string&, const Exception& e) {
+    throw_as_parse_error<J>(at, e);
   }
 
  private:

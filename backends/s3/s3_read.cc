@@ -51,6 +51,16 @@ struct Waiter {
 }  // namespace
 
 Status S3StorageImpl::read(std::span<const ReadRequest> requests) {
+  // What throws below throws with nothing in flight: the loops that queue
+  // requests catch, and wait for what they queued.
+  try {
+    return read_ranges(requests);
+  } catch (...) {
+    return status_of_exception("an S3 read");
+  }
+}
+
+Status S3StorageImpl::read_ranges(std::span<const ReadRequest> requests) {
   for (const ReadRequest& r : requests) CKPTIO_RETURN_IF_ERROR(check_storage_key(r.key));
   // Ranged GETs, adjacent requests merged (read_plan.h), straight into the
   // caller's buffers.

@@ -69,6 +69,8 @@ class S3StorageImpl : public S3Storage {
   Result<uint64_t> stat(const std::string& key) override;
 
   // s3_read.cc
+  // Never throws: memory refused is kResourceExhausted, after the requests
+  // already queued have landed.
   Status read(std::span<const ReadRequest> requests) override;
 
   // s3_listing.cc
@@ -95,6 +97,7 @@ class S3StorageImpl : public S3Storage {
   static std::optional<uint64_t> object_size(const HttpResponse& resp);
   static std::optional<std::pair<uint64_t, uint64_t>> content_range(const HttpResponse& resp);
   void head_async(const std::string& full_key, std::function<void(Result<Head>)> done);
+  Status read_ranges(std::span<const ReadRequest> requests);  // read(), which catches
   Result<Head> head(const std::string& full_key);
   // Bytes per GET: one part, so a large read spreads over the connections.
   uint64_t read_get_bytes() const { return client_.config().part_size; }

@@ -533,6 +533,7 @@ TEST_P(AllocSweepS3, EachAllocationOfTheSaveWorkerFailsOnlyThatSaveBorrowMode) {
 TEST_P(AllocSweepS3, EachAllocationOfTheCallersSaveFailsOnlyThatSaveCopyMode) {
   sweep(store(), StagingMode::kCopy, kChunk, Failing::kCaller);
 }
+TEST_P(AllocSweepS3, EachAllocationOfARestoreFailsOnlyThatRestore) { sweep_restore(store(), false); }
 
 // The HTTP loop's own thread (backends/s3/http_client.cc, named "ckptio-http":
 // it signs each attempt, takes the response's headers and body, and runs the
@@ -637,6 +638,50 @@ void sweep_http_loop(const testutil::S3TestServer& server, bool anonymous, bool 
   }
   ASSERT_TRUE(s->remove_prefix("sweep/").ok());
   std::printf("sweep: %d requests failed\n", failed);
+}
+
+// The caller's side of an S3 read (planning, then queueing its HEAD and its
+// GETs; a restore calls it from the read executor's threads), one allocation
+// at a time: kResourceExhausted or the bytes. A read refused memory with some
+// requests queued waits for them before it returns: they write into its
+// frame and the caller's buffers (before, the exception left with them in
+// flight).
+TEST(S3MotoAllocSweep, EachAllocationOfAReadFailsOnlyThatRead) {
+  auto opened = testutil::open_s3_test_store();
+  if (opened.status().code() == Code::kUnimplemented) GTEST_SKIP() << opened.status().to_string();
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  Storage& s = **opened;
+  std::string a_text(3000, 'a'), b_text(3000, 'b');
+  for (size_t i = 0; i < a_text.size(); ++i) a_text[i] = static_cast<char>('a' + i % 26);
+  ASSERT_TRUE(s.put("a", std::as_bytes(std::span(a_text))).ok());
+  ASSERT_TRUE(s.put("b", std::as_bytes(std::span(b_text))).ok());
+  int failed = 0;
+  for (int64_t n = 1;; ++n) {
+    SCOPED_TRACE("allocation " + std::to_string(n) + " of the read fails");
+    std::string x(100, '\0'), y(200, '\0'), z(50, '\0');
+    // Two GETs of "a" (a HEAD first, then If-Match) and a lone one of "b".
+    std::vector<ReadRequest> reads = {{"a", 10, 100, reinterpret_cast<std::byte*>(x.data())},
+                                      {"a", 2000, 200, reinterpret_cast<std::byte*>(y.data())},
+                                      {"b", 5, 50, reinterpret_cast<std::byte*>(z.data())}};
+    testutil::fail_nth_allocation(std::this_thread::get_id(), n);
+    const Status st = s.read(reads);
+    const bool fired = testutil::disarm_allocation_failure();
+    if (st.ok()) {
+      EXPECT_EQ(x, a_text.substr(10, 100));
+      EXPECT_EQ(y, a_text.substr(2000, 200));
+      EXPECT_EQ(z, b_text.substr(5, 50));
+    } else {
+      ++failed;
+      EXPECT_EQ(st.code(), Code::kResourceExhausted) << st.to_string();
+    }
+    if (!fired) {
+      EXPECT_TRUE(st.ok()) << st.to_string();
+      EXPECT_GT(n, 10) << "a read allocates more than this: is the sweep armed?";
+      break;
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+  std::printf("sweep: %d reads failed\n", failed);
 }
 
 TEST(S3MotoAllocSweep, EachAllocationOfTheHttpLoopFailsOnlyItsRequest) {

@@ -2,6 +2,8 @@
 #include "src/save/eformer_writer.h"
 #include "src/save/eformer_writer_impl.h"
 
+#include <pthread.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -236,6 +238,8 @@ struct EformerStepWriter::Impl::Owed {
 };
 
 void EformerStepWriter::Impl::encoder_loop() {
+  // Named for top -H, gdb and perf, and for the allocation sweeps (tests/alloc/).
+  pthread_setname_np(pthread_self(), "ckptio-encode");
   std::optional<ChunkEncoder> encoder;  // made by the first job (what it throws fails that job)
   for (;;) {
     EncodeJob job;
@@ -296,6 +300,7 @@ Result<EformerStepWriter::Impl::Encoded> EformerStepWriter::Impl::encode(ChunkEn
 }
 
 void EformerStepWriter::Impl::io_loop() {
+  pthread_setname_np(pthread_self(), "ckptio-zarr-io");
   for (;;) {
     IoJob job;
     {

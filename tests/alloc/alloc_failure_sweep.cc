@@ -17,6 +17,7 @@
 // kResourceExhausted; never an older step or another status.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <exception>
@@ -30,6 +31,7 @@
 #include "alloc/failing_new.h"
 #include "ckptio/copy.h"
 #include "ckptio/local.h"
+#include "src/save/eformer_writer.h"
 #include "testutil/backend_fixture.h"
 #include "testutil/leftovers.h"
 #include "testutil/owned_leaves.h"
@@ -195,6 +197,78 @@ class AllocSweepMemory : public AllocSweep {};
 TEST_P(AllocSweepMemory, EachAllocationOfAnEformerSavesWorkerFailsOnlyThatSave) {
   sweep(store(), StagingMode::kBorrow, kChunk, Failing::kWorker, "eformer", false);
 }
+// The eformer writer's own threads (src/save/eformer_writer.cc), one of each
+// kind: its encoder ("ckptio-encode": zstd into pooled buffers, the chunk's
+// I/O job) and its chunk writer ("ckptio-zarr-io": each chunk object made,
+// written, finished). For n = 1, 2, ... the n-th allocation of that thread
+// in one step's writing throws: commit() is OK (the step restores bit-exact)
+// or kResourceExhausted (no step, and gc() leaves nothing); never a hang.
+void sweep_eformer_thread(const std::shared_ptr<Storage>& storage, const std::string& thread) {
+  zarr::EformerWriteOptions o;
+  o.threads = 1;
+  o.io_threads = 1;
+  CheckpointManager m(storage, {});
+  int failed = 0;
+  for (int64_t n = 1;; ++n) {
+    SCOPED_TRACE("allocation " + std::to_string(n) + " of " + thread + " fails");
+    const std::vector<OwnedLeaf> state = small_state(n);
+    auto w = zarr::EformerStepWriter::start(*storage, "run-" + std::to_string(n), n, o);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    std::optional<pid_t> task;  // (a thread names itself as it starts)
+    for (int i = 0; i < 1000 && !(task = testutil::task_named(thread)); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_TRUE(task) << "not exactly one thread named " << thread;
+    testutil::fail_nth_allocation_of_task(*task, n);
+    Status st;
+    for (const OwnedLeaf& l : state) {
+      // Two chunks a 2-D leaf (rows split), one else.
+      Shape chunks = l.shape;
+      if (chunks.size() == 2 && chunks[0] > 1) chunks[0] = (chunks[0] + 1) / 2;
+      for (auto& c : chunks) c = std::max<decltype(c + 0)>(c, 1);  // zarr: chunks >= 1
+      auto id = (*w)->add_array(l.prefix, l.path, l.dtype, l.shape, chunks);
+      if (!id.ok()) {
+        st = id.status();
+        break;
+      }
+      st = (*w)->write_box(*id, Box::whole(l.shape), std::span<const std::byte>(l.bytes));
+      if (!st.ok()) break;
+    }
+    const Status committed = st.ok() ? (*w)->commit() : st;
+    w->reset();  // joins the writer's threads: nothing of this step runs on
+    const bool fired = testutil::disarm_allocation_failure();
+    if (!fired) {
+      ASSERT_TRUE(committed.ok()) << committed.to_string();
+      EXPECT_GT(n, 10) << "too few allocations on " << thread << ": is the sweep armed on it?";
+      break;
+    }
+    auto steps = m.all_steps();
+    ASSERT_TRUE(steps.ok()) << steps.status().to_string();
+    const bool listed = std::find(steps->begin(), steps->end(), n) != steps->end();
+    if (committed.ok()) {
+      ASSERT_TRUE(listed);
+      auto r = m.restore(n);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      testutil::expect_restored(*r, state);
+    } else {
+      ++failed;
+      EXPECT_EQ(committed.code(), Code::kResourceExhausted) << committed.to_string();
+      EXPECT_FALSE(listed) << "a failed commit left step " << n;
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+  ASSERT_TRUE(m.gc().ok());
+  testutil::Leftovers left = testutil::find_leftovers(m);
+  ASSERT_TRUE(left.status.ok()) << left.status.to_string();
+  EXPECT_TRUE(left.empty()) << left.describe();
+  std::printf("sweep: %d commits failed\n", failed);
+}
+TEST_P(AllocSweepMemory, EachAllocationOfTheEformerEncoderFailsOnlyItsStep) {
+  sweep_eformer_thread(store(), "ckptio-encode");
+}
+TEST_P(AllocSweepMemory, EachAllocationOfTheEformerChunkWriterFailsOnlyItsStep) {
+  sweep_eformer_thread(store(), "ckptio-zarr-io");
+}
+
 TEST_P(AllocSweep, EachAllocationOfTheCallersEformerSaveFailsOnlyThatSave) {
   sweep(store(), StagingMode::kCopy, kChunk, Failing::kCaller, "eformer", false);
 }

@@ -294,6 +294,10 @@ struct HttpClient::Loop {
     for (; !ready.empty(); ready.pop_front()) fail(*ready.front(), CURLE_ABORTED_BY_CALLBACK, kShutdown);
     while (!delayed.empty())
       fail(*delayed.extract(delayed.begin()).mapped(), CURLE_ABORTED_BY_CALLBACK, kShutdown);
+    // What the last turn took from `incoming` as it saw `stopping`, then
+    // anything still there (push() refuses once stopping: nothing, but cheap).
+    for (auto& t : arrived) fail(*t, CURLE_ABORTED_BY_CALLBACK, kShutdown);
+    arrived.clear();
     {
       std::lock_guard lock(mu);
       arrived.swap(incoming);

@@ -24,6 +24,7 @@
 #include "backends/fault/fault_storage.h"
 #include "ckptio/ckptio.h"
 #include "testutil/backend_fixture.h"
+#include "testutil/forwarding_storage.h"
 #include "testutil/owned_leaves.h"
 #include "testutil/s3_store.h"
 
@@ -56,6 +57,17 @@ std::vector<OwnedLeaf> sample_state(uint64_t seed) {
 // base_, faults_ over it, dir_ for the local backend: testutil/backend_fixture.h.
 // Moto and Ceph: the run's S3 test server (testutil/s3_store.h); without one
 // the tests skip, or fail in CI.
+// Counts the calls of read() (each a set of requests read in parallel).
+class ReadCalls final : public testutil::ForwardingStorage {
+ public:
+  using ForwardingStorage::ForwardingStorage;
+  Status read(std::span<const ReadRequest> requests) override {
+    ++calls;
+    return ForwardingStorage::read(requests);
+  }
+  std::atomic<int> calls{0};
+};
+
 class CorruptionTest : public testutil::S3BackendTest {
  protected:
   CorruptionTest() : S3BackendTest("ckptio-corrupt-") {}
@@ -291,6 +303,24 @@ TEST_P(CorruptionTest, DamageAmongManySmallLeavesIsNamed) {
   EXPECT_EQ(msg.rfind("restore " + where(last_leaf, *last) + " of step 3: ", 0), 0u) << msg;
   EXPECT_HAS(msg, "past the end");
   EXPECT_LE(reads.load(), 100) << "read requests of the damaged step";
+
+  // A restore into a sharding reads each leaf as a read of its own, all in
+  // one batch of the read executor. The batch fails; the read that fails on
+  // its own is found by halving the batch, in a few read() calls, not by
+  // reading the batch read by read (6,000 read() calls before, one GET each
+  // on an object store).
+  RestoreOptions o;
+  auto& sh = o.sharding.emplace();
+  sh.mesh = Mesh::parse("dp=1").value();
+  for (const LeafRecord& l : leaves) sh.leaves.push_back(LeafSharding{"model", l.path, l.shape, PartitionSpec::of({{}}), -1});
+  auto counting = std::make_shared<ReadCalls>(faults_);
+  CheckpointManager counted(counting, {});
+  auto sharded = counted.restore(3, o);
+  ASSERT_FALSE(sharded.ok());
+  EXPECT_EQ(sharded.status().code(), Code::kDataLoss);
+  EXPECT_EQ(sharded.status().message().rfind("restore " + last_leaf + " (bytes [", 0), 0u) << sharded.status().message();
+  EXPECT_HAS(sharded.status().message(), "past the end");
+  EXPECT_LE(counting->calls.load(), 40) << "read() calls of the sharded restore of the damaged step";
 }
 
 TEST_P(CorruptionTest, DeletedDataFileIsNamedAndSkipped) {

@@ -139,7 +139,7 @@ class Executor {
     reading_.push_back(std::move(f));
   }
 
-  // Delivers a landed batch, or reads a failed one again read by read.
+  // Delivers a landed batch, or settles a failed one (settle()).
   Status finish(InFlight& f) {
     Status st = f.done.get();
     for (size_t k = f.begin; k < f.end; ++k)
@@ -152,23 +152,70 @@ class Executor {
       consumer_.delivered(f.end, delivered_bytes_);
       return Status::OK();
     }
-    bool any_failed = false;
-    size_t q = 0;  // the next request
-    for (size_t k = f.begin; k < f.end; ++k) {
-      const bool has_req = q < f.req_read.size() && f.req_read[q] == k;
-      const ReadRequest* req = has_req ? &f.reqs[q++] : nullptr;
-      if (reads_[k].filler) continue;
-      Status one = req ? storage_.read(std::span<const ReadRequest>(req, 1)) : Status::OK();
-      if (one.ok()) {
-        CKPTIO_RETURN_IF_ERROR(consumer_.landed(k, f.landing[k - f.begin]));
-        continue;
-      }
-      any_failed = true;
-      CKPTIO_RETURN_IF_ERROR(consumer_.failed(k, std::move(one)));
+    Settling s{f};
+    if (!f.reqs.empty()) {
+      // A batch of one request is read again alone; a larger one is split.
+      bool whole = false;
+      CKPTIO_RETURN_IF_ERROR(settle(s, 0, f.reqs.size(), /*split=*/f.reqs.size() > 1, &whole));
     }
-    if (!any_failed) return st.annotate(what_);
+    CKPTIO_RETURN_IF_ERROR(hand_over(s, f.end));
+    if (!s.any_failed) return st.annotate(what_);
     consumer_.delivered(f.end, delivered_bytes_);
     return Status::OK();
+  }
+
+  // A failed batch is narrowed by halving its requests: a span of them that
+  // reads whole (one Storage::read: in parallel, and an object store merges
+  // adjacent ranges into one GET) is delivered; a span that fails is split,
+  // down to single requests, and a request that fails alone goes to
+  // consumer.failed(). Spans are settled from the left, so the consumer sees
+  // the reads in order and a restore stops at its first failed read. One
+  // failure among n requests costs about 2 log2(n) reads, where reading them
+  // one by one cost n (6,000 GETs in a row for a batch of small leaves).
+  struct Settling {
+    InFlight& f;
+    size_t next;  // the first read not yet handed to the consumer
+    bool any_failed = false;
+    explicit Settling(InFlight& in) : f(in), next(in.begin) {}
+  };
+
+  // Settles requests [lo, hi) of s.f. `split`: the span is known to fail
+  // (the span it halves failed, and the other half read whole), so it is
+  // halved without being read whole first; a single request is always read
+  // alone before it is called failed. *whole: the span read whole, in one.
+  Status settle(Settling& s, size_t lo, size_t hi, bool split, bool* whole) {
+    *whole = false;
+    if (!split || hi - lo == 1) {
+      Status st = storage_.read(std::span<const ReadRequest>(s.f.reqs).subspan(lo, hi - lo));
+      if (st.ok()) {
+        *whole = true;
+        return hand_over(s, s.f.req_read[hi - 1] + 1);
+      }
+      if (hi - lo == 1) return fail(s, lo, std::move(st));
+    }
+    const size_t mid = lo + (hi - lo) / 2;
+    bool left_whole = false, right_whole = false;
+    CKPTIO_RETURN_IF_ERROR(settle(s, lo, mid, /*split=*/false, &left_whole));
+    return settle(s, mid, hi, /*split=*/left_whole, &right_whole);
+  }
+
+  // Hands reads [s.next, end) to the consumer as landed (fillers skipped).
+  Status hand_over(Settling& s, size_t end) {
+    for (; s.next < end; ++s.next) {
+      if (reads_[s.next].filler) continue;
+      CKPTIO_RETURN_IF_ERROR(consumer_.landed(s.next, s.f.landing[s.next - s.f.begin]));
+    }
+    return Status::OK();
+  }
+
+  // Request q failed when read alone.
+  Status fail(Settling& s, size_t q, Status st) {
+    const size_t k = s.f.req_read[q];
+    CKPTIO_RETURN_IF_ERROR(hand_over(s, k));
+    s.next = k + 1;
+    if (reads_[k].filler) return Status::OK();  // read only to join its neighbours: nothing lost
+    s.any_failed = true;
+    return consumer_.failed(k, std::move(st));
   }
 
   Storage& storage_;

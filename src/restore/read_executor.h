@@ -23,13 +23,14 @@
 // read so the store serves both with one GET) land in scratch memory of
 // their batch and are never delivered.
 //
-// Failure: a batch whose read fails is read again one read at a time, into
-// the same places; a read that fails on its own goes to consumer.failed(),
-// which names it (and returns the error: restore stops) or records it and
-// returns OK (verify goes on); reads that succeed are delivered. When every
-// read succeeds on its own, the batch's error is returned anyway: a
-// transient failure is reported, not hidden by a retry the caller did not
-// ask for.
+// Failure: a batch whose read fails is narrowed by halving, into the same
+// places: each half is read as one (a half that fails is halved again), so
+// that one bad read among n costs about 2 log2(n) reads, not n. A read that
+// fails on its own goes to consumer.failed(), which names it (and returns
+// the error: restore stops) or records it and returns OK (verify goes on);
+// reads that succeed are delivered, in order. When every read succeeds on
+// its own, the batch's error is returned anyway: a transient failure is
+// reported, not hidden by a retry the caller did not ask for.
 //
 // Thread safety: one execute_reads per consumer; the consumer is called on
 // the calling thread only. The reading threads see only the requests built

@@ -1,5 +1,7 @@
 #include "backends/local/ring.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -167,6 +169,7 @@ bool Ring::on_cqe_locked(Pending* p, int res) {
 }
 
 void Ring::completion_loop() {
+  pthread_setname_np(pthread_self(), "ckptio-ring");
   std::vector<Pending*>& finished = finished_;  // room for every operation (create() reserved it)
   bool stop = false;
   while (!stop) {

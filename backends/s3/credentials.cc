@@ -1,5 +1,6 @@
 #include "backends/s3/credentials.h"
 
+#include <pthread.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -236,6 +237,7 @@ CredentialProvider::~CredentialProvider() {
 }
 
 void CredentialProvider::run() {
+  pthread_setname_np(pthread_self(), "ckptio-creds");
   using std::chrono::duration;
   auto seconds = [](double s) {
     return std::chrono::duration_cast<SystemTime::duration>(duration<double>(s));

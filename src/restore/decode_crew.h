@@ -2,6 +2,8 @@
 // and copy them out (src/restore/restore_zarr.cc).
 #pragma once
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>
@@ -118,6 +120,7 @@ class DecodeCrew {
   }
 
   void run() {
+    pthread_setname_np(pthread_self(), "ckptio-decode");
     std::optional<zarr::ChunkDecoder> decoder;  // made by the first task (what that throws fails it)
     Scratch scratch(this);
     std::unique_lock lock(mu_);

@@ -1,5 +1,7 @@
 #include "src/save/crew.h"
 
+#include <pthread.h>
+
 #include <system_error>
 
 namespace ckptio {
@@ -37,6 +39,7 @@ void Crew::run(const std::function<void()>& fn) {
 }
 
 void Crew::loop() {
+  pthread_setname_np(pthread_self(), "ckptio-copy");
   uint64_t seen = 0;
   for (;;) {
     const std::function<void()>* fn = nullptr;

@@ -24,6 +24,8 @@
 // the index (prepare_index.cc, alongside the writes) and commit (commit.cc;
 // a multi-process save through group_commit.cc); run the callback; retention.
 
+#include <pthread.h>
+
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -142,6 +144,7 @@ void run_callback(const char* name, int64_t step, F&& call) {
 }  // namespace
 
 void CheckpointManager::Impl::worker_loop() {
+  pthread_setname_np(pthread_self(), "ckptio-save");
   for (;;) {
     std::shared_ptr<SaveJob> job;
     {
@@ -284,18 +287,21 @@ void CheckpointManager::Impl::finish_job(SaveJob& job, const Status& st, const S
 }
 
 void CheckpointManager::Impl::reap_loop() {
+  pthread_setname_np(pthread_self(), "ckptio-reap");  // (top -H, gdb; the allocation sweeps find it so)
   for (;;) {
     std::string prefix;
     {
       std::unique_lock lock(mu);
       cv.wait(lock, [&] { return reaper_stopping || !to_reap.empty(); });
       if (to_reap.empty()) return;
-      prefix = to_reap.front();
+      prefix = std::move(to_reap.front());
       to_reap.pop_front();
     }
     // The step is retired already: a failure here leaves bytes for gc (a
-    // .del- directory, or objects no index references), never a step.
-    Status st = owner->storage().remove_prefix(prefix);
+    // .del- directory, or objects no index references), never a step. What
+    // the removal throws (std::bad_alloc) is such a failure: nothing leaves
+    // this thread.
+    Status st = returning_exceptions("remove a retired step", [&] { return owner->storage().remove_prefix(prefix); });
     if (!st.ok())
       logging::warn("ckptio: retention: removing {}: {} (gc removes what is left)", prefix, st.to_string());
     {

@@ -18,8 +18,13 @@ spdlog::level::level_enum to_spdlog(Level level) {
 
 }  // namespace
 
-bool enabled(Level level) { return spdlog::default_logger_raw()->should_log(to_spdlog(level)); }
+bool enabled(Level level) noexcept { return spdlog::default_logger_raw()->should_log(to_spdlog(level)); }
 
-void write(Level level, std::string_view message) { spdlog::default_logger_raw()->log(to_spdlog(level), message); }
+void write(Level level, std::string_view message) noexcept {
+  try {  // (spdlog reports its own failures to its error handler; this is for what that throws)
+    spdlog::default_logger_raw()->log(to_spdlog(level), message);
+  } catch (...) {
+  }
+}
 
 }  // namespace ckptio::logging

@@ -18,12 +18,19 @@ namespace ckptio::logging {
 
 enum class Level { kDebug, kInfo, kWarn, kError };
 
-bool enabled(Level level);                        // the default logger's level lets it through
-void write(Level level, std::string_view message);  // to the default logger
+bool enabled(Level level) noexcept;                        // the default logger's level lets it through
+void write(Level level, std::string_view message) noexcept;  // to the default logger
 
+// Never throws: a line the system has no memory to format is dropped (a
+// logger must not change the control flow of the threads that must not
+// throw: the worker, the reaper, a backend's threads, a failure's path).
 template <typename... Args>
-void emit(Level level, fmt::format_string<Args...> format, Args&&... args) {
-  if (enabled(level)) write(level, fmt::format(format, std::forward<Args>(args)...));
+void emit(Level level, fmt::format_string<Args...> format, Args&&... args) noexcept {
+  if (!enabled(level)) return;
+  try {
+    write(level, fmt::format(format, std::forward<Args>(args)...));
+  } catch (...) {
+  }
 }
 template <typename... Args>
 void debug(fmt::format_string<Args...> format, Args&&... args) {

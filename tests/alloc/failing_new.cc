@@ -1,9 +1,11 @@
 #include "alloc/failing_new.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <new>
@@ -15,6 +17,8 @@ namespace {
 std::atomic<bool> g_armed{false};
 std::atomic<std::thread::id> g_thread{};
 std::atomic<pid_t> g_task{0};  // when not 0, the thread is chosen by task id
+std::atomic<bool> g_by_name{false};  // when true, the threads are chosen by name
+char g_name[16] = {};  // (written only while disarmed)
 std::atomic<int64_t> g_countdown{0};
 std::atomic<bool> g_fired{false};
 
@@ -25,6 +29,10 @@ pid_t my_task() {
 }
 
 bool chosen() {
+  if (g_by_name.load()) {
+    char name[16] = {};
+    return pthread_getname_np(pthread_self(), name, sizeof name) == 0 && std::strcmp(name, g_name) == 0;
+  }
   const pid_t task = g_task.load();
   return task != 0 ? my_task() == task : std::this_thread::get_id() == g_thread.load();
 }
@@ -46,6 +54,7 @@ void* allocate(std::size_t size, bool nothrow) {
 void fail_nth_allocation(std::thread::id thread, int64_t n) {
   g_armed.store(false);
   g_fired.store(false);
+  g_by_name.store(false);
   g_task.store(0);
   g_thread.store(thread);
   g_countdown.store(n);
@@ -55,7 +64,17 @@ void fail_nth_allocation(std::thread::id thread, int64_t n) {
 void fail_nth_allocation_of_task(pid_t tid, int64_t n) {
   g_armed.store(false);
   g_fired.store(false);
+  g_by_name.store(false);
   g_task.store(tid);
+  g_countdown.store(n);
+  g_armed.store(true, std::memory_order_release);
+}
+
+void fail_nth_allocation_of_threads_named(const std::string& name, int64_t n) {
+  g_armed.store(false);
+  g_fired.store(false);
+  std::strncpy(g_name, name.c_str(), sizeof g_name - 1);
+  g_by_name.store(true);
   g_countdown.store(n);
   g_armed.store(true, std::memory_order_release);
 }

@@ -24,6 +24,11 @@ void fail_nth_allocation(std::thread::id thread, int64_t n);
 // The same for the thread whose kernel task id is `tid` (a library thread the
 // test holds no std::thread::id of: see task_named).
 void fail_nth_allocation_of_task(pid_t tid, int64_t n);
+// The same for every thread named `name` (pthread_setname_np), counted
+// together: for threads that live only during the call swept (started and
+// named inside it), or several of one kind. Each allocation while armed then
+// asks its thread's name (a system call).
+void fail_nth_allocation_of_threads_named(const std::string& name, int64_t n);
 // The task id of this process's one thread named `name` (pthread_setname_np,
 // /proc/self/task/*/comm); nullopt when none or several have that name.
 std::optional<pid_t> task_named(const std::string& name);

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <new>
 #include <random>
 #include <string>
 #include <thread>
@@ -1021,6 +1022,34 @@ TEST(LocalStorageBench, DISABLED_ReadModes) {
     }
   }
   fs::remove_all(root);
+}
+
+// A call that throws (std::bad_alloc for a read's error message) on a pool
+// thread or the caller's: every other call still runs, the exception comes
+// out of parallel_for on the caller once they all have returned (their
+// function reads the caller's frame), and the pool goes on working. Before,
+// a throw on a pool thread ended the process.
+TEST(PreadPool, ACallThatThrowsIsRethrownToTheCallerOnceEveryCallHasReturned) {
+  local::PreadPool pool(2);
+  for (int round = 0; round < 20; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::vector<std::atomic<int>> ran(64);
+    bool threw = false;
+    try {
+      pool.parallel_for(ran.size(), [&](size_t i) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        ++ran[i];
+        if (i % 7 == 3) throw std::bad_alloc();
+      });
+    } catch (const std::bad_alloc&) {
+      threw = true;
+    }
+    EXPECT_TRUE(threw);
+    for (size_t i = 0; i < ran.size(); ++i) EXPECT_EQ(ran[i].load(), 1) << "call " << i;
+  }
+  std::atomic<size_t> sum{0};
+  pool.parallel_for(100, [&](size_t i) { sum += i; });
+  EXPECT_EQ(sum.load(), 4950u);
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
 #include "backends/local/pread_pool.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <system_error>
 
 namespace ckptio::local {
@@ -12,7 +15,8 @@ struct PreadPool::Job {
   std::atomic<size_t> next{0};
   std::mutex mu;
   std::condition_variable all_done;
-  size_t finished = 0;  // guarded by mu
+  size_t finished = 0;         // guarded by mu
+  std::exception_ptr error;    // the first a call threw; guarded by mu
 };
 
 PreadPool::~PreadPool() {
@@ -24,10 +28,15 @@ PreadPool::~PreadPool() {
   for (std::thread& t : threads_) t.join();
 }
 
-void PreadPool::work_on(Job& job) {
+void PreadPool::work_on(Job& job) noexcept {
   size_t mine = 0;
   for (size_t i = job.next.fetch_add(1); i < job.n; i = job.next.fetch_add(1)) {
-    (*job.fn)(i);
+    try {
+      (*job.fn)(i);
+    } catch (...) {  // (std::bad_alloc) kept for the caller, once every call has returned
+      std::lock_guard lock(job.mu);
+      if (!job.error) job.error = std::current_exception();
+    }
     ++mine;
   }
   if (mine == 0) return;
@@ -37,6 +46,7 @@ void PreadPool::work_on(Job& job) {
 }
 
 void PreadPool::worker() {
+  pthread_setname_np(pthread_self(), "ckptio-pread");
   std::unique_lock lock(mu_);
   while (true) {
     wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -59,15 +69,20 @@ void PreadPool::parallel_for(size_t n, const std::function<void(size_t)>& fn) {
     std::lock_guard lock(mu_);
     try {
       while (threads_.size() < helpers_) threads_.emplace_back([this] { worker(); });
-    } catch (const std::system_error&) {
-      // Out of threads: the ones we have, and the caller, do the work.
+    } catch (...) {
+      // Out of threads or memory: the ones we have, and the caller, do the work.
     }
-    for (size_t i = 0; i < std::min(helpers, threads_.size()); ++i) queue_.push_back(job);
+    try {
+      for (size_t i = 0; i < std::min(helpers, threads_.size()); ++i) queue_.push_back(job);
+    } catch (...) {
+      // (std::bad_alloc) The helpers queued so far, and the caller, do the work.
+    }
     wake_.notify_all();
   }
   work_on(*job);
   std::unique_lock lock(job->mu);
   job->all_done.wait(lock, [&] { return job->finished == job->n; });
+  if (job->error) std::rethrow_exception(job->error);
 }
 
 }  // namespace ckptio::local

@@ -22,13 +22,17 @@ class PreadPool {
   PreadPool& operator=(const PreadPool&) = delete;
 
   // Runs fn(i) for every i in [0, n), on up to `helpers` pool threads plus the
-  // calling thread; returns once every call has returned. Thread-safe.
+  // calling thread; returns once every call has returned. Thread-safe. What
+  // a call throws is thrown from here once every call has returned (the
+  // first, if several did; fn reads the caller's frame); nothing leaves a
+  // pool thread. A pool that cannot start its threads, or queue them, works
+  // with fewer.
   void parallel_for(size_t n, const std::function<void(size_t)>& fn);
 
  private:
   struct Job;
   void worker();
-  static void work_on(Job& job);
+  static void work_on(Job& job) noexcept;
 
   const unsigned helpers_;
   std::mutex mu_;  // guards everything below

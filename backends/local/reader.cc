@@ -262,7 +262,7 @@ Status read_with_pool(std::span<const ReadRequest> requests, const std::vector<O
     Status st = read_fully(f.fd.get(), r.dst + p.at, p.len, r.offset + p.at, f.path);
     if (!st.ok()) {
       std::lock_guard lock(mu);
-      if (first.ok()) first = st;
+      if (first.ok()) first = std::move(st);
       failed = true;
     }
   });

@@ -16,6 +16,7 @@
 
 #include "backends/s3/http_client.h"
 #include "backends/s3/s3_xml.h"
+#include "src/util/allocate.h"
 #include "src/util/json_free.h"
 #include "src/util/printable.h"
 #include "src/util/log.h"
@@ -259,7 +260,9 @@ void CredentialProvider::run() {
     if (cv_.wait_until(lk, next, [&] { return stop_; })) return;
     if (std::chrono::system_clock::now() < next) continue;
     lk.unlock();
-    Result<TimedCredentials> r = fetch_();
+    // Nothing leaves this thread: what a renewal throws (std::bad_alloc)
+    // is a failed renewal, retried as any other.
+    Result<TimedCredentials> r = returning_exceptions("renew the credentials", [&] { return fetch_(); });
     lk.lock();
     const SystemTime now = std::chrono::system_clock::now();
     if (r.ok()) {
@@ -268,18 +271,26 @@ void CredentialProvider::run() {
       last_error_.clear();
       retry_at.reset();
       fetched_at = now;
-      logging::debug("ckptio: S3 credentials from {} renewed; they expire at {}", source_,
-                    current_.expiration ? utc_text(*current_.expiration) : std::string("never"));
+      logging::quietly([&] {
+        logging::debug("ckptio: S3 credentials from {} renewed; they expire at {}", source_,
+                       current_.expiration ? utc_text(*current_.expiration) : std::string("never"));
+      });
     } else {
       ++failed_;
-      last_error_ = r.status().to_string();
+      try {
+        last_error_ = r.status().to_string();
+      } catch (...) {
+        last_error_ = "out of memory";  // (fits the string's own room: allocates nothing)
+      }
       // Sooner while the old set still works, every retry_after_s once it has expired.
       const double left = duration<double>(exp - now).count();
       const double wait = left > 0 ? std::max(0.2, std::min(options_.retry_after_s, left / 4)) : options_.retry_after_s;
       retry_at = now + seconds(wait);
-      logging::warn("ckptio: renewing S3 credentials from {} failed ({}); the current set expires at {}; "
-                   "next try in {:.1f} s",
-                   source_, last_error_, utc_text(exp), wait);
+      logging::quietly([&] {
+        logging::warn("ckptio: renewing S3 credentials from {} failed ({}); the current set expires at {}; "
+                      "next try in {:.1f} s",
+                      source_, last_error_, utc_text(exp), wait);
+      });
     }
   }
 }

@@ -303,7 +303,9 @@ void CheckpointManager::Impl::reap_loop() {
     // this thread.
     Status st = returning_exceptions("remove a retired step", [&] { return owner->storage().remove_prefix(prefix); });
     if (!st.ok())
-      logging::warn("ckptio: retention: removing {}: {} (gc removes what is left)", prefix, st.to_string());
+      logging::quietly([&] {
+        logging::warn("ckptio: retention: removing {}: {} (gc removes what is left)", prefix, st.to_string());
+      });
     {
       std::lock_guard lock(mu);
       --reaping;

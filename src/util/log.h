@@ -32,6 +32,16 @@ void emit(Level level, fmt::format_string<Args...> format, Args&&... args) noexc
   } catch (...) {
   }
 }
+// Runs `log`, a logging call, and drops what it throws: the arguments of a
+// call are built before it runs (a Status's to_string(), a time's text) and
+// may throw std::bad_alloc. For the threads that must not throw.
+template <typename F>
+void quietly(F&& log) noexcept {
+  try {
+    log();
+  } catch (...) {
+  }
+}
 template <typename... Args>
 void debug(fmt::format_string<Args...> format, Args&&... args) {
   emit(Level::kDebug, format, std::forward<Args>(args)...);

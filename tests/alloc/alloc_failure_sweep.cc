@@ -13,8 +13,10 @@
 // ring's and the copy crew's threads are not failed (the crew runs the
 // caller's copy code, swept on the caller; the ring's completions allocate
 // nothing); the other library threads are, each in a sweep of its own: the
-// reaper, the eformer writer's, a conversion's restorer, and the HTTP
-// client's (S3MotoAllocSweep, at the end).
+// reaper, the eformer writer's, a conversion's restorer, the S3 credentials
+// renewer, and the HTTP client's (S3MotoAllocSweep, at the end). The
+// one-call threads of src/util/async.h (a restore's reads, the index's
+// second half) hand what they throw to the caller, swept on its thread.
 //
 // And a restore's, on the caller's thread: the latest step bit-exact, or
 // kResourceExhausted; never an older step or another status.
@@ -32,6 +34,7 @@
 #include <vector>
 
 #include "alloc/failing_new.h"
+#include "backends/s3/credentials.h"
 #include "ckptio/copy.h"
 #include "ckptio/local.h"
 #include "src/save/eformer_writer.h"
@@ -652,6 +655,41 @@ TEST_P(AllocSweepMemory, EachAllocationOfACopyFailsOnlyThatCopy) {
     sweep_copy(src, dst, c);
     if (::testing::Test::HasFatalFailure()) return;
   }
+}
+
+// The S3 credentials renewer ("ckptio-creds", backends/s3/credentials.cc),
+// over a fetch of its own that hands out sets living 300 ms (renewed at
+// half their life, on the renewer). For n = 1, 2, ... the n-th allocation
+// of the renewer throws: the process goes on, that renewal counts as failed
+// and is retried, and the renewals after it succeed.
+TEST(CredentialsAllocSweep, EachAllocationOfARenewalFailsOnlyThatRenewal) {
+  using namespace std::chrono_literals;
+  s3::RefreshOptions o;
+  o.retry_after_s = 0.05;
+  int failed = 0;
+  int64_t n = 1;
+  for (;; ++n) {
+    SCOPED_TRACE("allocation " + std::to_string(n) + " of the renewer fails");
+    std::atomic<int> calls{0};
+    auto p = s3::CredentialProvider::start("fake", [&]() -> Result<s3::TimedCredentials> {
+      const std::string id = "key-number-" + std::to_string(++calls);  // (allocates, as a real fetch does)
+      return s3::TimedCredentials{s3::Credentials{id, "secret-" + id, "token-" + id},
+                                  std::chrono::system_clock::now() + 300ms};
+    }, o);
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    testutil::fail_nth_allocation_of_threads_named("ckptio-creds", n);
+    // Three renewals after the first fetch, or give up after 5 s.
+    for (int i = 0; i < 500 && (*p)->fetches() < 4; ++i) std::this_thread::sleep_for(10ms);
+    const bool fired = testutil::disarm_allocation_failure();
+    ASSERT_GE((*p)->fetches(), 4u) << (*p)->failed_fetches() << " failed renewals";
+    EXPECT_EQ((*p)->current().session_token, "token-" + (*p)->current().access_key_id);
+    if (!fired) {
+      EXPECT_GT(n, 5) << "too few allocations on the renewer: is the sweep armed on it?";
+      break;
+    }
+    failed += static_cast<int>((*p)->failed_fetches());
+  }
+  std::printf("sweep: %lld rounds, %d renewals failed\n", static_cast<long long>(n - 1), failed);
 }
 
 // A conversion restores its source on a thread of its own

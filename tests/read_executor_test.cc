@@ -5,8 +5,11 @@
 // fault), and counts the calls. The consumers check every delivered byte.
 #include <gtest/gtest.h>
 
+#include <pthread.h>
+
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -28,6 +31,12 @@ class FailingReads final : public testutil::ForwardingStorage {
   using ForwardingStorage::ForwardingStorage;
   Status read(std::span<const ReadRequest> requests) override {
     ++calls;
+    {
+      char name[16] = {};
+      pthread_getname_np(pthread_self(), name, sizeof name);
+      std::lock_guard lock(mu);
+      threads.insert(name);
+    }
     if (fail_first && calls == 1) return Status(Code::kUnavailable, "injected transient fault");
     for (const ReadRequest& r : requests)
       for (uint64_t bad : bad_bytes)
@@ -38,6 +47,8 @@ class FailingReads final : public testutil::ForwardingStorage {
   std::set<uint64_t> bad_bytes;
   bool fail_first = false;
   std::atomic<int> calls{0};
+  std::mutex mu;
+  std::set<std::string> threads;  // the names of the threads read() ran on
 };
 
 // Records what it is handed. `stop_at_failure`: a restore's consumer (the
@@ -157,6 +168,20 @@ TEST_F(ReadExecutorFailure, AFillerThatFailsAloneIsNotAFailedRead) {
   EXPECT_EQ(st.code(), Code::kDataLoss);
   EXPECT_TRUE(rec.failures.empty());
   EXPECT_EQ(rec.order, (std::vector<size_t>{0, 2}));
+}
+
+// Batches are read on threads of their own, named for top -H, gdb and the
+// allocation sweeps (src/util/async.h); the caller's thread keeps its name.
+TEST_F(ReadExecutorFailure, BatchesAreReadOnThreadsNamedCkptioRead) {
+  char before[16] = {};
+  pthread_getname_np(pthread_self(), before, sizeof before);
+  std::vector<ExecRead> r = reads(2000);
+  Recorder rec(r, /*stop_at_failure=*/false);
+  ASSERT_TRUE(run(&r, rec).ok());
+  EXPECT_EQ(storage_->threads, std::set<std::string>{"ckptio-read"});
+  char after[16] = {};
+  pthread_getname_np(pthread_self(), after, sizeof after);
+  EXPECT_STREQ(after, before);
 }
 
 }  // namespace

@@ -147,7 +147,7 @@ std::optional<Problem> check_leaf_paths(const std::vector<LeafRecord>& leaves,
     return Found{};
   };
   std::future<Found> other;
-  if (n >= kTwoThreads) other = try_async([&] { return scan(2, 1); });
+  if (n >= kTwoThreads) other = try_async("ckptio-check", [&] { return scan(2, 1); });
   Found found = scan(other.valid() ? 2 : 1, 0);
   if (other.valid()) {
     const Found second = other.get();

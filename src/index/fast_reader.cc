@@ -141,7 +141,7 @@ class FastReader {
   void start_helper(size_t at, Arriving* arriving = nullptr) {
     if (at >= text_.size()) return;
     split_ = text_.data() + at;
-    helper_ = try_async([limits = limits_, text = text_, from = split_, arriving] {
+    helper_ = try_async("ckptio-index", [limits = limits_, text = text_, from = split_, arriving] {
       if (arriving && !arriving->bring()) return Run{};
       FastReader h(limits);
       h.text_ = h.whole_ = text;

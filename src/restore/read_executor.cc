@@ -133,7 +133,7 @@ class Executor {
     ++stats_->batches;
     // (The span stays valid as f moves into reading_: a vector's elements
     // move with it.)
-    f.done = async_or_deferred([&storage = storage_, reqs = std::span<const ReadRequest>(f.reqs)] {
+    f.done = async_or_deferred("ckptio-read", [&storage = storage_, reqs = std::span<const ReadRequest>(f.reqs)] {
       return storage.read(reqs);
     });
     reading_.push_back(std::move(f));

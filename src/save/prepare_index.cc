@@ -15,7 +15,7 @@ namespace ckptio {
 
 IndexPreparer::IndexPreparer(Storage& storage, const SaveJob& job, const std::vector<uint32_t>& crcs)
     : storage_(storage), job_(job), crcs_(crcs) {
-  prepared_ = try_async([this] { prepare(); });
+  prepared_ = try_async("ckptio-prepare", [this] { prepare(); });
 }
 
 IndexPreparer::~IndexPreparer() {
@@ -56,7 +56,7 @@ void IndexPreparer::prepare() {
     if (json_.empty()) return say(out_of_memory("serialize the index"));  // (serialize_index's failure)
     auto stage = [&] { return stage_index(storage_, job_.paths, json_); };
     std::future<Status> staging;  // (object stores stage nothing: the index PUT is the commit)
-    if (job_.paths.renames) staging = try_async(stage);
+    if (job_.paths.renames) staging = try_async("ckptio-stage", stage);
     auto check = parse_index(json_);
     Status staged = staging.valid() ? staging.get() : stage();
     if (!check.ok() && check.status().code() == Code::kResourceExhausted) return say(check.status());

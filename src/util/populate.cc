@@ -120,7 +120,7 @@ std::future<void> populate_in_background(std::vector<std::pair<std::byte*, uint6
                                          std::atomic<uint64_t>* populated, const std::atomic<bool>* stop) {
   static std::atomic<bool> works{true};  // false once the kernel refused (before 5.14)
   if (ranges.empty() || !works.load(std::memory_order_relaxed)) return {};
-  return try_async([ranges = std::move(ranges), populated, stop] {
+  return try_async("ckptio-prefault", [ranges = std::move(ranges), populated, stop] {
     // Faulting ahead is a helper: the reads fault what it has not reached.
     // At nice 19 it takes only the CPU no one else wants, so a caller's own
     // threads (a data loader, a Python thread) keep their share during a

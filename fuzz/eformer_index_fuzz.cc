@@ -12,16 +12,21 @@
 //     component, no leading '/', no backslash or control byte), and no two
 //     arrays share a directory or nest (checked pairwise on small indexes);
 //   - an accepted index, or metadata, round-trips through its writer;
+//   - metadata's timestamp is read without overflow, and one of whole
+//     seconds without an offset comes back from gmtime as it was;
 //   - a key path (without '/') that makes a directory comes back from it
 //     unchanged.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "src/layout/zarr/eformer_index.h"
+#include "src/layout/zarr/eformer_step.h"
 
 namespace {
 
@@ -79,6 +84,20 @@ void check_index(const EformerIndex& index, const std::string& text) {
   if (serialize_eformer_index(*back) != once) fail("serialization is not stable", once);
 }
 
+// The step's time, as load_eformer_step reads it: no overflow (UBSan), and
+// a time without fraction or offset comes back from gmtime unchanged.
+void check_timestamp(const std::string& t) {
+  const std::optional<int64_t> ns = parse_iso8601_ns(t);
+  if (!ns || t.size() != 19) return;
+  const int64_t secs = *ns / 1'000'000'000;
+  if (*ns % 1'000'000'000 != 0) fail("a whole second with a fraction", t);
+  const time_t tt = static_cast<time_t>(secs);
+  std::tm tm{};
+  char back[32];
+  if (!gmtime_r(&tt, &tm) || std::strftime(back, sizeof back, "%Y-%m-%dT%H:%M:%S", &tm) != 19 || t != back)
+    fail("timestamp does not come back", t + " -> " + back);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -112,6 +131,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const std::string once = serialize_eformer_metadata(*r);
         auto back = parse_eformer_metadata(once);
         if (!back.ok() || !(*back == *r)) fail("metadata does not round-trip", text + "\n---\n" + once);
+        if (r->timestamp) check_timestamp(*r->timestamp);
       }
       break;
     }

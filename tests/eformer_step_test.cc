@@ -34,6 +34,7 @@
 
 #include "backends/fault/fault_storage.h"
 #include "ckptio/ckptio.h"
+#include "src/layout/zarr/eformer_step.h"
 #include "src/transform/cast.h"
 #include "testutil/backend_fixture.h"
 #include "testutil/forwarding_storage.h"
@@ -1026,6 +1027,37 @@ TEST_P(EformerStepTest, GcSparesAnEformerSaveInFlight) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, EformerStepTest, testutil::all_backends(), testutil::backend_name);
+
+// metadata.json's "timestamp" (Python's datetime.isoformat()) is outside
+// data: read at fixed places, digits only, never overflowing. Before, sscanf
+// took "-1" as an hour, timegm moved February 30 into March, and a year past
+// 2262 overflowed the nanoseconds (undefined behaviour; UBSan's report).
+TEST(EformerTimestamp, ReadsWhatPythonWritesAndRefusesTheRest) {
+  using zarr::parse_iso8601_ns;
+  constexpr int64_t kAt = 1762078830LL * 1'000'000'000;  // 2025-11-02T10:20:30Z
+  EXPECT_EQ(parse_iso8601_ns("1970-01-01T00:00:00"), 0);
+  EXPECT_EQ(parse_iso8601_ns("2025-11-02T10:20:30"), kAt);
+  EXPECT_EQ(parse_iso8601_ns("2025-11-02T10:20:30Z"), kAt);
+  EXPECT_EQ(parse_iso8601_ns("2025-11-02T10:20:30.123456"), kAt + 123456000);
+  EXPECT_EQ(parse_iso8601_ns("2025-11-02T10:20:30.123456+01:00"), kAt + 123456000 - 3600LL * 1'000'000'000);
+  EXPECT_EQ(parse_iso8601_ns("2025-11-02T10:20:30-00:30"), kAt + 1800LL * 1'000'000'000);
+  EXPECT_EQ(parse_iso8601_ns("2025-11-02T10:20:30.1234567891"), kAt + 123456789);  // (past ns: dropped)
+  EXPECT_EQ(parse_iso8601_ns("2024-02-29T00:00:00"), 1709164800LL * 1'000'000'000);
+  // The edges of int64 nanoseconds.
+  EXPECT_EQ(parse_iso8601_ns("2262-04-11T23:47:16.854775807"), INT64_MAX);
+  EXPECT_EQ(parse_iso8601_ns("2262-04-11T23:47:16.854775808"), std::nullopt);
+  EXPECT_EQ(parse_iso8601_ns("2262-04-11T23:47:17"), std::nullopt);
+  EXPECT_EQ(parse_iso8601_ns("2262-04-11T23:47:16-00:01"), std::nullopt);
+  EXPECT_EQ(parse_iso8601_ns("1677-09-21T00:12:44"), -9223372036LL * 1'000'000'000);
+  EXPECT_EQ(parse_iso8601_ns("1677-09-21T00:12:43"), std::nullopt);
+  EXPECT_EQ(parse_iso8601_ns("9999-12-31T23:59:59"), std::nullopt);
+  for (const char* bad : {"", "2025-11-02", "2025-11-02 10:20:30", "2025-11-02T10:20:30.", "2025-11-02T-1:20:30",
+                          "2025-11-02T 1:20:30", "+025-11-02T10:20:30", "2025-02-30T00:00:00", "2023-02-29T00:00:00",
+                          "2025-13-01T00:00:00", "2025-11-02T24:00:00", "2025-11-02T10:60:00", "2025-11-02T10:20:60",
+                          "2025-11-02T10:20:30+1:00", "2025-11-02T10:20:30+01:60", "2025-11-02T10:20:30+01:00x",
+                          "2025-11-02T10:20:30Zx", "2025-11-02T10:20:30+01"})
+    EXPECT_EQ(parse_iso8601_ns(bad), std::nullopt) << bad;
+}
 
 }  // namespace
 }  // namespace ckptio

@@ -2,7 +2,6 @@
 #include "src/layout/zarr/eformer_step.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <ctime>
 #include <map>
 #include <unordered_map>
@@ -84,10 +83,24 @@ bool looks_like_eformer_step(const std::string& dir, const std::vector<ListEntry
 }
 
 std::optional<int64_t> parse_iso8601_ns(const std::string& text) {
-  int y, mo, d, h, mi, s, n = 0;
-  if (std::sscanf(text.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &s, &n) != 6 || n != 19)
+  // Fixed places, digits only: sscanf's %d took signs and spaces ("-1" as
+  // an hour) and any year, whose nanoseconds then overflowed.
+  auto number = [&](size_t at, size_t n, int* out) {
+    if (at + n > text.size()) return false;
+    int v = 0;
+    for (size_t i = at; i < at + n; ++i) {
+      if (text[i] < '0' || text[i] > '9') return false;
+      v = v * 10 + (text[i] - '0');
+    }
+    *out = v;
+    return true;
+  };
+  int y, mo, d, h, mi, s;
+  if (text.size() < 19 || !number(0, 4, &y) || text[4] != '-' || !number(5, 2, &mo) || text[7] != '-' ||
+      !number(8, 2, &d) || text[10] != 'T' || !number(11, 2, &h) || text[13] != ':' || !number(14, 2, &mi) ||
+      text[16] != ':' || !number(17, 2, &s))
     return std::nullopt;
-  if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || s > 60) return std::nullopt;
+  if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || s > 59) return std::nullopt;
   std::tm tm{};
   tm.tm_year = y - 1900;
   tm.tm_mon = mo - 1;
@@ -95,27 +108,34 @@ std::optional<int64_t> parse_iso8601_ns(const std::string& text) {
   tm.tm_hour = h;
   tm.tm_min = mi;
   tm.tm_sec = s;
-  int64_t ns = static_cast<int64_t>(timegm(&tm)) * 1'000'000'000;
+  const time_t secs = timegm(&tm);
+  // timegm moves a day the month does not have (02-30) into the next month.
+  if (tm.tm_mday != d || tm.tm_mon != mo - 1) return std::nullopt;
+  int64_t ns;
+  if (__builtin_mul_overflow(static_cast<int64_t>(secs), int64_t{1'000'000'000}, &ns))
+    return std::nullopt;  // (outside 1677-09-21 .. 2262-04-11)
   size_t at = 19;
   if (at < text.size() && text[at] == '.') {
     ++at;
     int64_t frac = 0, scale = 1'000'000'000;
     const size_t begin = at;
-    while (at < text.size() && text[at] >= '0' && text[at] <= '9' && at - begin < 9) {
-      frac = frac * 10 + (text[at] - '0');
-      scale /= 10;
-      ++at;
+    for (; at < text.size() && text[at] >= '0' && text[at] <= '9'; ++at) {
+      if (at - begin < 9) {  // (digits past the nanosecond are dropped)
+        frac = frac * 10 + (text[at] - '0');
+        scale /= 10;
+      }
     }
-    if (at == begin) return std::nullopt;
-    ns += frac * scale;
+    if (at == begin || __builtin_add_overflow(ns, frac * scale, &ns)) return std::nullopt;
   }
   if (at == text.size()) return ns;
   if (text[at] == 'Z' && at + 1 == text.size()) return ns;
-  int oh, om, m = 0;
-  if ((text[at] == '+' || text[at] == '-') &&
-      std::sscanf(text.c_str() + at + 1, "%2d:%2d%n", &oh, &om, &m) == 2 && m == 5 && at + 6 == text.size()) {
+  int oh, om;
+  if ((text[at] == '+' || text[at] == '-') && at + 6 == text.size() && number(at + 1, 2, &oh) &&
+      text[at + 3] == ':' && number(at + 4, 2, &om) && oh <= 23 && om <= 59) {
     const int64_t off = (static_cast<int64_t>(oh) * 60 + om) * 60 * 1'000'000'000;
-    return text[at] == '+' ? ns - off : ns + off;
+    if (text[at] == '+' ? __builtin_sub_overflow(ns, off, &ns) : __builtin_add_overflow(ns, off, &ns))
+      return std::nullopt;
+    return ns;
   }
   return std::nullopt;
 }

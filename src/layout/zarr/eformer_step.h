@@ -53,7 +53,9 @@ Result<std::optional<Index>> load_eformer_step(Storage& storage, const std::stri
 
 // ISO 8601 as Python's datetime.isoformat() writes it ("2024-05-01T12:34:56"
 // with optional ".ffffff" and "+HH:MM"/"Z"; no offset: taken as UTC) in
-// nanoseconds since the epoch; nullopt if it is not one.
+// nanoseconds since the epoch; nullopt if it is not one (a day the month
+// lacks, a sign or space among the digits, a time int64 nanoseconds cannot
+// hold: before 1677-09-21 or after 2262-04-11).
 std::optional<int64_t> parse_iso8601_ns(const std::string& text);
 
 }  // namespace ckptio::zarr

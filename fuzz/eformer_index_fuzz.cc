@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "src/layout/zarr/eformer_index.h"
-#include "src/layout/zarr/eformer_step.h"
+#include "src/util/iso8601.h"
 
 namespace {
 
@@ -84,11 +84,11 @@ void check_index(const EformerIndex& index, const std::string& text) {
   if (serialize_eformer_index(*back) != once) fail("serialization is not stable", once);
 }
 
-// The step's time, as load_eformer_step reads it: no overflow (UBSan), and
+// The step's time, as load_eformer_step reads it (src/util/iso8601.h): no overflow (UBSan), and
 // a time without fraction or offset comes back from gmtime unchanged.
 void check_timestamp(const std::string& t) {
-  const std::optional<int64_t> ns = parse_iso8601_ns(t);
-  if (!ns || t.size() != 19) return;
+  const std::optional<int64_t> ns = ckptio::parse_iso8601_ns(t, ckptio::TimeZones::kAny);
+  if (!ns || t.size() != 19 || t[10] != 'T' || t.ends_with(":60")) return;  // (a leap second moves on)
   const int64_t secs = *ns / 1'000'000'000;
   if (*ns % 1'000'000'000 != 0) fail("a whole second with a fraction", t);
   const time_t tt = static_cast<time_t>(secs);

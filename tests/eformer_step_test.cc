@@ -34,8 +34,8 @@
 
 #include "backends/fault/fault_storage.h"
 #include "ckptio/ckptio.h"
-#include "src/layout/zarr/eformer_step.h"
 #include "src/transform/cast.h"
+#include "src/util/iso8601.h"
 #include "testutil/backend_fixture.h"
 #include "testutil/forwarding_storage.h"
 #include "testutil/eformer_steps.h"
@@ -1029,11 +1029,12 @@ TEST_P(EformerStepTest, GcSparesAnEformerSaveInFlight) {
 INSTANTIATE_TEST_SUITE_P(Backends, EformerStepTest, testutil::all_backends(), testutil::backend_name);
 
 // metadata.json's "timestamp" (Python's datetime.isoformat()) is outside
-// data: read at fixed places, digits only, never overflowing. Before, sscanf
-// took "-1" as an hour, timegm moved February 30 into March, and a year past
-// 2262 overflowed the nanoseconds (undefined behaviour; UBSan's report).
+// data: read at fixed places, digits only, never overflowing
+// (src/util/iso8601.h, S3's reader too). Before, eformer's own reader took
+// "-1" as an hour (sscanf), moved February 30 into March (timegm), and a
+// year past 2262 overflowed the nanoseconds (undefined behaviour).
 TEST(EformerTimestamp, ReadsWhatPythonWritesAndRefusesTheRest) {
-  using zarr::parse_iso8601_ns;
+  auto parse_iso8601_ns = [](std::string_view t) { return ckptio::parse_iso8601_ns(t, TimeZones::kAny); };
   constexpr int64_t kAt = 1762078830LL * 1'000'000'000;  // 2025-11-02T10:20:30Z
   EXPECT_EQ(parse_iso8601_ns("1970-01-01T00:00:00"), 0);
   EXPECT_EQ(parse_iso8601_ns("2025-11-02T10:20:30"), kAt);
@@ -1042,6 +1043,7 @@ TEST(EformerTimestamp, ReadsWhatPythonWritesAndRefusesTheRest) {
   EXPECT_EQ(parse_iso8601_ns("2025-11-02T10:20:30.123456+01:00"), kAt + 123456000 - 3600LL * 1'000'000'000);
   EXPECT_EQ(parse_iso8601_ns("2025-11-02T10:20:30-00:30"), kAt + 1800LL * 1'000'000'000);
   EXPECT_EQ(parse_iso8601_ns("2025-11-02T10:20:30.1234567891"), kAt + 123456789);  // (past ns: dropped)
+  EXPECT_EQ(parse_iso8601_ns("2025-11-02t10:20:60"), kAt + 30LL * 1'000'000'000);  // (a leap second)
   EXPECT_EQ(parse_iso8601_ns("2024-02-29T00:00:00"), 1709164800LL * 1'000'000'000);
   // The edges of int64 nanoseconds.
   EXPECT_EQ(parse_iso8601_ns("2262-04-11T23:47:16.854775807"), INT64_MAX);
@@ -1053,7 +1055,7 @@ TEST(EformerTimestamp, ReadsWhatPythonWritesAndRefusesTheRest) {
   EXPECT_EQ(parse_iso8601_ns("9999-12-31T23:59:59"), std::nullopt);
   for (const char* bad : {"", "2025-11-02", "2025-11-02 10:20:30", "2025-11-02T10:20:30.", "2025-11-02T-1:20:30",
                           "2025-11-02T 1:20:30", "+025-11-02T10:20:30", "2025-02-30T00:00:00", "2023-02-29T00:00:00",
-                          "2025-13-01T00:00:00", "2025-11-02T24:00:00", "2025-11-02T10:60:00", "2025-11-02T10:20:60",
+                          "2025-13-01T00:00:00", "2025-11-02T24:00:00", "2025-11-02T10:60:00", "2025-11-02T10:20:61",
                           "2025-11-02T10:20:30+1:00", "2025-11-02T10:20:30+01:60", "2025-11-02T10:20:30+01:00x",
                           "2025-11-02T10:20:30Zx", "2025-11-02T10:20:30+01"})
     EXPECT_EQ(parse_iso8601_ns(bad), std::nullopt) << bad;

@@ -6,6 +6,7 @@
 #include <charconv>
 
 #include "backends/s3/retry.h"
+#include "src/util/iso8601.h"
 #include "src/util/printable.h"
 
 namespace ckptio::s3 {
@@ -130,54 +131,12 @@ Result<uint64_t> parse_u64(std::string_view s, std::string_view name, std::strin
   return malformed(op, what);
 }
 
-// Days from 1970-01-01 to y-m-d of the proleptic Gregorian calendar
-// (H. Hinnant's days_from_civil).
-int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {
-  y -= m <= 2;
-  const int64_t era = (y >= 0 ? y : y - 399) / 400;
-  const int64_t yoe = y - era * 400;
-  const int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
-  const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-  return era * 146097 + doe - 719468;
-}
-
 }  // namespace
 
 std::optional<int64_t> parse_s3_timestamp(std::string_view s) {
-  // YYYY-MM-DDTHH:MM:SS[.fraction](Z|+00:00)
-  auto num = [&](size_t at, size_t n, int64_t lo, int64_t hi) -> std::optional<int64_t> {
-    if (at + n > s.size()) return std::nullopt;
-    int64_t v = 0;
-    for (size_t i = at; i < at + n; ++i) {
-      if (s[i] < '0' || s[i] > '9') return std::nullopt;
-      v = v * 10 + (s[i] - '0');
-    }
-    if (v < lo || v > hi) return std::nullopt;
-    return v;
-  };
-  if (s.size() < 20 || s[4] != '-' || s[7] != '-' || (s[10] != 'T' && s[10] != 't') || s[13] != ':' ||
-      s[16] != ':')
-    return std::nullopt;
-  // Years past 2261 do not fit int64 nanoseconds (the limit is in 2262).
-  const auto y = num(0, 4, 1970, 2261), mo = num(5, 2, 1, 12), d = num(8, 2, 1, 31), h = num(11, 2, 0, 23),
-             mi = num(14, 2, 0, 59), se = num(17, 2, 0, 60);
-  if (!y || !mo || !d || !h || !mi || !se) return std::nullopt;
-  static constexpr int kDays[] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
-  const bool leap = (*y % 4 == 0 && *y % 100 != 0) || *y % 400 == 0;
-  if (*d > kDays[*mo - 1] || (*mo == 2 && *d == 29 && !leap)) return std::nullopt;
-  size_t at = 19;
-  int64_t frac_ns = 0;
-  if (at < s.size() && s[at] == '.') {
-    size_t digits = 0;
-    for (++at; at < s.size() && s[at] >= '0' && s[at] <= '9'; ++at, ++digits)
-      if (digits < 9) frac_ns = frac_ns * 10 + (s[at] - '0');
-    if (digits == 0) return std::nullopt;
-    for (size_t k = digits; k < 9; ++k) frac_ns *= 10;
-  }
-  const std::string_view zone = s.substr(at);
-  if (zone != "Z" && zone != "z" && zone != "+00:00") return std::nullopt;
-  const int64_t seconds = days_from_civil(*y, *mo, *d) * 86400 + *h * 3600 + *mi * 60 + *se;
-  return seconds * 1000000000 + frac_ns;
+  const std::optional<int64_t> ns = parse_iso8601_ns(s, TimeZones::kUtc);
+  if (!ns || *ns < 0) return std::nullopt;
+  return ns;
 }
 
 namespace {

@@ -89,8 +89,9 @@ struct ListPage {
 };
 // S3's times ("2026-11-23T17:50:30.000Z": ISO 8601, UTC, optional fraction;
 // "+00:00" for Z accepted) as ns since the Unix epoch; nullopt for anything
-// else (other zones, out-of-range fields, years before 1970 or after 2261,
-// which int64 nanoseconds cannot hold).
+// else (other zones, out-of-range fields, times before 1970 or after
+// 2262-04-11T23:47:16Z, which int64 nanoseconds cannot hold). The reader is
+// src/util/iso8601.h's.
 std::optional<int64_t> parse_s3_timestamp(std::string_view s);
 
 // ListObjectsV2 (GET ?list-type=2). Required: IsTruncated; per object Key and

@@ -2,13 +2,13 @@
 #include "src/layout/zarr/eformer_step.h"
 
 #include <algorithm>
-#include <ctime>
 #include <map>
 #include <unordered_map>
 
 #include "src/layout/zarr/chunk_grid.h"
 #include "src/layout/zarr/eformer_index.h"
 #include "src/layout/zarr/zarray.h"
+#include "src/util/iso8601.h"
 
 namespace ckptio::zarr {
 namespace {
@@ -82,64 +82,6 @@ bool looks_like_eformer_step(const std::string& dir, const std::vector<ListEntry
   return false;
 }
 
-std::optional<int64_t> parse_iso8601_ns(const std::string& text) {
-  // Fixed places, digits only: sscanf's %d took signs and spaces ("-1" as
-  // an hour) and any year, whose nanoseconds then overflowed.
-  auto number = [&](size_t at, size_t n, int* out) {
-    if (at + n > text.size()) return false;
-    int v = 0;
-    for (size_t i = at; i < at + n; ++i) {
-      if (text[i] < '0' || text[i] > '9') return false;
-      v = v * 10 + (text[i] - '0');
-    }
-    *out = v;
-    return true;
-  };
-  int y, mo, d, h, mi, s;
-  if (text.size() < 19 || !number(0, 4, &y) || text[4] != '-' || !number(5, 2, &mo) || text[7] != '-' ||
-      !number(8, 2, &d) || text[10] != 'T' || !number(11, 2, &h) || text[13] != ':' || !number(14, 2, &mi) ||
-      text[16] != ':' || !number(17, 2, &s))
-    return std::nullopt;
-  if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || s > 59) return std::nullopt;
-  std::tm tm{};
-  tm.tm_year = y - 1900;
-  tm.tm_mon = mo - 1;
-  tm.tm_mday = d;
-  tm.tm_hour = h;
-  tm.tm_min = mi;
-  tm.tm_sec = s;
-  const time_t secs = timegm(&tm);
-  // timegm moves a day the month does not have (02-30) into the next month.
-  if (tm.tm_mday != d || tm.tm_mon != mo - 1) return std::nullopt;
-  int64_t ns;
-  if (__builtin_mul_overflow(static_cast<int64_t>(secs), int64_t{1'000'000'000}, &ns))
-    return std::nullopt;  // (outside 1677-09-21 .. 2262-04-11)
-  size_t at = 19;
-  if (at < text.size() && text[at] == '.') {
-    ++at;
-    int64_t frac = 0, scale = 1'000'000'000;
-    const size_t begin = at;
-    for (; at < text.size() && text[at] >= '0' && text[at] <= '9'; ++at) {
-      if (at - begin < 9) {  // (digits past the nanosecond are dropped)
-        frac = frac * 10 + (text[at] - '0');
-        scale /= 10;
-      }
-    }
-    if (at == begin || __builtin_add_overflow(ns, frac * scale, &ns)) return std::nullopt;
-  }
-  if (at == text.size()) return ns;
-  if (text[at] == 'Z' && at + 1 == text.size()) return ns;
-  int oh, om;
-  if ((text[at] == '+' || text[at] == '-') && at + 6 == text.size() && number(at + 1, 2, &oh) &&
-      text[at + 3] == ':' && number(at + 4, 2, &om) && oh <= 23 && om <= 59) {
-    const int64_t off = (static_cast<int64_t>(oh) * 60 + om) * 60 * 1'000'000'000;
-    if (text[at] == '+' ? __builtin_sub_overflow(ns, off, &ns) : __builtin_add_overflow(ns, off, &ns))
-      return std::nullopt;
-    return ns;
-  }
-  return std::nullopt;
-}
-
 namespace {
 
 // metadata.json into `index`: its timestamp as the step's times, its text as
@@ -154,7 +96,7 @@ Status read_step_metadata(Storage& storage, const std::string& head, int64_t ste
     return data_loss(storage.describe() + "/" + key + ": says step " + std::to_string(*meta->step) +
                      ", but its directory names step " + std::to_string(step));
   if (meta->timestamp)
-    if (auto ns = parse_iso8601_ns(*meta->timestamp)) index->committed_unix_ns = index->created_unix_ns = *ns;
+    if (auto ns = parse_iso8601_ns(*meta->timestamp, TimeZones::kAny)) index->committed_unix_ns = index->created_unix_ns = *ns;
   index->metadata_json = *text;
   while (!index->metadata_json.empty() &&
          (index->metadata_json.back() == '\n' || index->metadata_json.back() == ' '))

@@ -51,11 +51,4 @@ bool looks_like_eformer_step(const std::string& dir, const std::vector<ListEntry
 // is missing) when it holds one that is not complete; the Index otherwise.
 Result<std::optional<Index>> load_eformer_step(Storage& storage, const std::string& dir, int64_t step);
 
-// ISO 8601 as Python's datetime.isoformat() writes it ("2024-05-01T12:34:56"
-// with optional ".ffffff" and "+HH:MM"/"Z"; no offset: taken as UTC) in
-// nanoseconds since the epoch; nullopt if it is not one (a day the month
-// lacks, a sign or space among the digits, a time int64 nanoseconds cannot
-// hold: before 1677-09-21 or after 2262-04-11).
-std::optional<int64_t> parse_iso8601_ns(const std::string& text);
-
 }  // namespace ckptio::zarr

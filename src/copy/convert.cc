@@ -11,7 +11,6 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <set>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -308,20 +307,15 @@ Result<CopyStats> to_ckptio(Storage& src, const std::string& src_dir, const Inde
   CopyStats stats;
   stats.step = index.step;
   // What the ckptio layout cannot name, refused before anything is written:
-  // arrays saved without a prefix (eformer's top-level "arrays"), and two
-  // array directories that name one leaf ("a/b.c" and "a/b/c").
+  // arrays saved without a prefix (eformer's top-level "arrays"). (Two array
+  // directories that name one leaf, "a/b.c" and "a/b/c", never load:
+  // load_eformer_step refuses them.)
   for (const PrefixRecord& p : index.prefixes) {
     if (p.name.empty())
       return invalid_argument("step " + std::to_string(index.step) + " has arrays saved without a prefix (" +
                               (p.leaves.empty() ? std::string("none") : p.leaves.front().path) +
                               ", ...): the ckptio layout needs one for every leaf; keep this step in the eformer "
                               "layout (cp --format eformer)");
-    std::set<std::string_view> paths;
-    for (const LeafRecord& l : p.leaves)
-      if (!paths.insert(l.path).second)
-        return invalid_argument("step " + std::to_string(index.step) + ": two arrays of prefix " + p.name +
-                                " name the leaf " + l.path + " (their directories differ only in '.' and '/'); "
-                                "the ckptio layout cannot hold both");
   }
   const AttemptPaths paths = plan_attempt(dst, dst_dir);
   const std::string file = data_file_name(paths.attempt, 0);

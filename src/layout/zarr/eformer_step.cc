@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <map>
+#include <string_view>
 #include <unordered_map>
+#include <utility>
 
 #include "src/layout/zarr/chunk_grid.h"
 #include "src/layout/zarr/eformer_index.h"
@@ -95,8 +97,11 @@ Status read_step_metadata(Storage& storage, const std::string& head, int64_t ste
   if (meta->step && *meta->step != step)
     return data_loss(storage.describe() + "/" + key + ": says step " + std::to_string(*meta->step) +
                      ", but its directory names step " + std::to_string(step));
+  // (An index's times are Unix nanoseconds, never negative: a time before
+  // 1970 is no commit time, as one that is not a time.)
   if (meta->timestamp)
-    if (auto ns = parse_iso8601_ns(*meta->timestamp, TimeZones::kAny)) index->committed_unix_ns = index->created_unix_ns = *ns;
+    if (auto ns = parse_iso8601_ns(*meta->timestamp, TimeZones::kAny); ns && *ns >= 0)
+      index->committed_unix_ns = index->created_unix_ns = *ns;
   index->metadata_json = *text;
   while (!index->metadata_json.empty() &&
          (index->metadata_json.back() == '\n' || index->metadata_json.back() == ' '))
@@ -211,6 +216,7 @@ Result<std::optional<Index>> load_eformer_step(Storage& storage, const std::stri
   // Leaves, prefixes in the order the index gives them.
   std::vector<ZArray> parsed(arrays.size());
   std::map<std::string, size_t> prefix_at;
+  std::map<std::pair<std::string_view, std::string>, std::string_view> leaf_dirs;  // (prefix, leaf) -> array
   for (size_t i = 0, at = 0; i < arrays.size(); at += zarray_size[i], ++i) {
     const auto& [prefix, a] = arrays[i];
     const std::string file = where + "/" + a.path + "/.zarray";
@@ -225,6 +231,13 @@ Result<std::optional<Index>> load_eformer_step(Storage& storage, const std::stri
     if (fresh) index.prefixes.push_back(PrefixRecord{prefix, {}});
     LeafRecord leaf;
     leaf.path = leaf_path(prefix, a.path);
+    // Two directories that name one leaf ("a/b.c" and "a.b/c"; "model/w"
+    // and "w" in prefix model): eformer splits every '.' of a key path, so
+    // it writes neither twin, and a restore would fill one leaf from both.
+    if (auto [it, fresh] = leaf_dirs.emplace(std::pair{std::string_view(prefix), leaf.path}, a.path); !fresh)
+      return data_loss(where + ": arrays " + std::string(it->second) + " and " + a.path + " of prefix " +
+                       (prefix.empty() ? std::string("\"\"") : prefix) + " both name the leaf " + leaf.path +
+                       " (their directories differ only in '.' and '/', or in the prefix)");
     leaf.dtype = z->dtype;
     leaf.shape = z->shape;
     leaf.zarray.assign(texts, at, zarray_size[i]);

@@ -169,6 +169,8 @@ struct ManagerOptions {
   int max_in_flight = 1;   // saves queued or running at once
   int max_to_keep = 0;     // committed steps kept by retention; 0 = all
   int64_t keep_every = 0;  // steps divisible by this are never deleted; 0 = none
+  // (open() refuses max_in_flight < 1 and a negative max_to_keep or
+  // keep_every: kInvalidArgument.)
   // Damage is an error instead of a fallback: discovery (all_steps,
   // latest_step) fails on an index that does not parse, or on a step
   // directory that lost its index on a POSIX-like store, instead of skipping

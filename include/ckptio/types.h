@@ -30,6 +30,10 @@ inline constexpr int kNumDTypes = 17;
 std::string_view dtype_name(DType t);                 // "bfloat16"
 std::optional<DType> parse_dtype(std::string_view s);  // nullopt if unknown
 size_t dtype_size(DType t);                             // bytes per element
+// The address alignment its elements need (its size, 1 to 16: a power of
+// two). Saves start each shard at a multiple of it in its data file, and
+// restores return leaves that start at a multiple of it.
+size_t dtype_alignment(DType t);
 bool dtype_is_float(DType t);  // float16/bfloat16/float32/float64 (castable kinds)
 
 using Shape = std::vector<int64_t>;

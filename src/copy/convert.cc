@@ -333,6 +333,10 @@ Result<CopyStats> to_ckptio(Storage& src, const std::string& src_dir, const Inde
       for (Tensor& t : group.leaves) {
         auto [it, fresh] = prefix_at.emplace(t.prefix, out.prefixes.size());
         if (fresh) out.prefixes.push_back(PrefixRecord{t.prefix, {}});
+        // Each leaf at a multiple of its dtype's alignment, as a save places it.
+        static constexpr std::byte kZeros[16] = {};
+        const uint64_t a = dtype_alignment(t.dtype);
+        if (const uint64_t pad = (a - w.size() % a) % a) CKPTIO_RETURN_IF_ERROR(w.append(kZeros, pad));
         ShardRecord s{Box::whole(t.shape), file, w.size(), t.data.size(), crc32c(t.data.data(), t.data.size())};
         CKPTIO_RETURN_IF_ERROR(w.append(t.data.data(), t.data.size()));
         out.prefixes[it->second].leaves.push_back(LeafRecord{t.path, t.dtype, t.shape, {std::move(s)}, {}});

@@ -34,9 +34,25 @@ namespace ckptio {
 
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+Status check_retention(int max_to_keep, int64_t keep_every) {
+  if (max_to_keep < 0)
+    return invalid_argument("max_to_keep must be >= 0 (0: every step is kept), got " + std::to_string(max_to_keep));
+  if (keep_every < 0)
+    return invalid_argument("keep_every must be >= 0 (0: none kept for it), got " + std::to_string(keep_every));
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<CheckpointManager>> CheckpointManager::open(const std::string& uri,
                                                                    ManagerOptions options,
                                                                    const StorageOptions& storage) {
+  // (The constructor cannot fail: it takes these as 1 and 0.)
+  if (options.max_in_flight < 1)
+    return invalid_argument("max_in_flight must be >= 1, got " + std::to_string(options.max_in_flight));
+  CKPTIO_RETURN_IF_ERROR(check_retention(options.max_to_keep, options.keep_every));
   try {  // (the backend's own allocations and threads too)
     CKPTIO_ASSIGN_OR_RETURN(auto backend, open_storage(uri, storage));
     auto naming = StepNaming::make(options.step_format);
@@ -215,6 +231,7 @@ Status CheckpointManager::remove_step(int64_t step) {
 
 Status CheckpointManager::apply_retention(int max_to_keep, int64_t keep_every) {
   CKPTIO_RETURN_IF_ERROR(check_process());
+  CKPTIO_RETURN_IF_ERROR(check_retention(max_to_keep, keep_every));
   return returning_exceptions("retention", [&] { return impl_->retain(max_to_keep, keep_every, nullptr); });
 }
 

@@ -175,8 +175,11 @@ void prepare_targets(uint64_t align, bool verify, std::vector<LeafJob>* jobs, Re
       }
     for (size_t i = 0; i < job.targets.size(); ++i) {
       const uint64_t bytes = job.transform.out_offset(job.plan.target_bytes[i]);
-      job.buffers.push_back(Buffer::allocate(bytes, std::max<uint64_t>(align, 64),
-                                             job.transform.identity() ? phase[i] : 0));
+      // A phase that would misalign the elements (an odd offset: a step saved
+      // before shards were aligned) gives way: the reads then go through a
+      // bounce buffer.
+      const bool phased_ok = job.transform.identity() && phase[i] % dtype_alignment(job.rec->dtype) == 0;
+      job.buffers.push_back(Buffer::allocate(bytes, std::max<uint64_t>(align, 64), phased_ok ? phase[i] : 0));
       job.target_ptrs.push_back(job.buffers.back().data());
     }
 

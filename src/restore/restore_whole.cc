@@ -515,7 +515,10 @@ void WholeRestore::allocate(size_t leaf_begin, size_t group_begin) {
     for (size_t k = 0; k < g.tasks.size() && (ours || theirs); ++k) {
       const ShardTask& t = tasks_[g.tasks[k]];
       const bool later = allocate_later_[t.leaf];
-      ours = ours && later && t.leaf_rec->shards.size() == 1 && !t.staged;
+      // (Each member's slice must start aligned for its dtype: in a step saved
+      // before shards were aligned, a float64 may follow a 3-byte leaf.)
+      ours = ours && later && t.leaf_rec->shards.size() == 1 && !t.staged &&
+             (g.offset % align_ + (t.rec->offset - g.offset)) % dtype_alignment(t.leaf_rec->dtype) == 0;
       if (k == 0) {
         theirs = theirs && !later && !t.scatter;
         continue;
@@ -542,7 +545,8 @@ void WholeRestore::allocate(size_t leaf_begin, size_t group_begin) {
     if (!allocate_later_[i]) continue;
     const LeafRecord& leaf = *selected_[i].second;
     const PieceTransform& tf = transforms_[i];
-    const uint64_t phase = tf.identity() && leaf.shards.size() == 1 ? leaf.shards[0].offset % align_ : 0;
+    uint64_t phase = tf.identity() && leaf.shards.size() == 1 ? leaf.shards[0].offset % align_ : 0;
+    if (phase % dtype_alignment(leaf.dtype) != 0) phase = 0;  // (an odd offset of an older step: a bounce)
     out_.leaves[i].data = Buffer::allocate(tf.out_offset(leaf.num_bytes()), alignment, phase);
     allocate_later_[i] = false;
     allocated_[i] = true;

@@ -73,6 +73,12 @@ SavePlan plan_save(const std::vector<LeafView>& leaves, uint64_t phase_align, ui
     if (phase_align > 1 && p.length >= kPhaseAlignMinBytes) {
       const uint64_t want = reinterpret_cast<uintptr_t>(p.src) & (phase_align - 1);
       plan.total += (want - plan.total) & (phase_align - 1);
+    } else {
+      // (Restores place a leaf as its shard lies in the file: a float64 after
+      // a 3-byte leaf came back at an odd address, which numpy marks
+      // unaligned and torch must not be given.)
+      const uint64_t a = dtype_alignment(leaf.dtype);
+      plan.total += (a - (plan.total - plan.files.back().start) % a) % a;
     }
     p.offset = plan.total;
     plan.total += p.length;

@@ -54,8 +54,10 @@ struct SavePlan {
   uint64_t bytes() const;  // sum of the files' sizes: what the save writes
 };
 
-// Shards at least this long get phase alignment (below); smaller ones are
-// packed, so 10,000 tiny leaves add no padding.
+// Shards at least this long get phase alignment (below); smaller ones start
+// at the next multiple of their dtype's alignment in their file (never more
+// than 15 bytes of padding), so that restored leaves are aligned for their
+// elements, and 10,000 tiny leaves of one dtype add no padding.
 constexpr uint64_t kPhaseAlignMinBytes = 1ull << 20;
 
 // With phase_align (a power of two, 4096 for O_DIRECT) each shard of at

@@ -44,6 +44,7 @@ constexpr std::array<DTypeInfo, kNumDTypes> kDTypes{{
 
 std::string_view dtype_name(DType t) { return kDTypes[static_cast<size_t>(t)].name; }
 size_t dtype_size(DType t) { return kDTypes[static_cast<size_t>(t)].size; }
+size_t dtype_alignment(DType t) { return dtype_size(t); }
 
 std::optional<DType> parse_dtype(std::string_view s) {
   for (const auto& d : kDTypes)

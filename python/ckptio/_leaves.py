@@ -227,6 +227,11 @@ def dtype_name(dtype, where):
     or scalar type (ml_dtypes' and jax's included), or a torch dtype."""
     if isinstance(dtype, str):
         name = dtype
+        if name not in NUMPY_DTYPES and name not in RAW_CARRIERS:
+            try:
+                name = np.dtype(dtype).name  # numpy's spellings: "<f2", "f4", "double"
+            except TypeError:
+                pass
     elif str(dtype).startswith("torch."):
         name = str(dtype)[len("torch."):]
     else:
@@ -306,6 +311,31 @@ def as_tensor(dtype, a):
     return torch.from_numpy(a)
 
 
+def float_of(dtype, a):
+    """The value of a 0-d leaf of float dtype `dtype` (its bytes in `a`) as a
+    Python float, which holds bfloat16 and float8 values exactly: decoded from
+    the bits where numpy has no such dtype."""
+    if dtype not in RAW_CARRIERS:
+        return float(a)
+    real = numpy_dtype(dtype)
+    if real is not None:
+        return float(a.view(real))
+    bits = int(a)
+    if dtype == "bfloat16":  # the top half of a float32
+        return float(np.array(bits << 16, dtype=np.uint32).view(np.float32))
+    if dtype == "float8_e5m2":  # the top half of a float16
+        return float(np.array(bits << 8, dtype=np.uint16).view(np.float16))
+    # float8_e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; no
+    # infinities, and S.1111.111 is NaN.
+    sign = -1.0 if bits & 0x80 else 1.0
+    e, m = (bits >> 3) & 0xF, bits & 0x7
+    if e == 0xF and m == 0x7:
+        return float("nan")
+    if e == 0:
+        return sign * m / 8.0 * 2.0 ** -6
+    return sign * (1.0 + m / 8.0) * 2.0 ** (e - 7)
+
+
 def as_kind(kind, dtype, a):
     """The restored leaf as the kind it was saved as (or the template holds)."""
     if kind in (ARRAY, SHARDS):  # a sharded leaf restored whole: its global array
@@ -313,14 +343,17 @@ def as_kind(kind, dtype, a):
     if kind == TENSOR:
         return as_tensor(dtype, a)
     if kind == NUMPY_SCALAR:
-        return as_numpy(dtype, a)[()] if a.ndim == 0 else as_numpy(dtype, a)
+        out = as_numpy(dtype, a)
+        # (A 0-d RawArray, without ml_dtypes: indexing it would give its
+        # carrier's scalar, the raw bits, as numpy.uint16.)
+        return out[()] if a.ndim == 0 and not isinstance(out, RawArray) else out
     if a.ndim == 0:
         if kind == PY_BOOL:
             return bool(a)
         if kind == PY_INT:
             return int(a)
         if kind == PY_FLOAT:
-            return float(a)
+            return float_of(dtype, a)
         if kind == PY_COMPLEX:
             return complex(a)
     return as_numpy(dtype, a)

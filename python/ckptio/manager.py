@@ -25,7 +25,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from . import _ckptio, _leaves, _shards, _tree, errors
+from . import _args, _ckptio, _leaves, _shards, _tree, errors
 
 log = logging.getLogger("ckptio")
 
@@ -284,12 +284,9 @@ def _opt(d, key, value):
 
 
 def _dtype_name(dtype):
-    if dtype is None:
-        return None
-    if isinstance(dtype, str):
-        return dtype
-    name = str(dtype).replace("torch.", "")
-    return getattr(dtype, "name", name) if not name.startswith("<") else name
+    """float_dtype= as a checkpoint names it: the forms a leaf's dtype may take
+    (a name, a numpy dtype or scalar type, ml_dtypes', a torch dtype)."""
+    return None if dtype is None else _leaves.dtype_name(dtype, "float_dtype")
 
 
 class CheckpointManager:
@@ -438,7 +435,7 @@ class CheckpointManager:
                                        allow_nan=False)
         except (TypeError, ValueError) as e:
             raise errors.InvalidArgument(f"metadata is not JSON-serializable: {e}") from None
-        c_handle = self._c.save(int(step), leaves, metadata_json, bool(overwrite), _dtype_name(float_dtype))
+        c_handle = self._c.save(_args.integer(step, "step"), leaves, metadata_json, bool(overwrite), _dtype_name(float_dtype))
         handle = SaveHandle(c_handle, self._notifier, leaves if borrow else None, self._on_commit)
         self._notifier.submit(handle)
         return handle
@@ -456,7 +453,7 @@ class CheckpointManager:
         """Copy mode: allocates and touches the staging memory a save of
         `state_bytes` uses now, so that the first save() does not pay for it."""
         self._check_open()
-        self._c.prepare_staging(int(state_bytes))
+        self._c.prepare_staging(_args.integer(state_bytes, "state_bytes", _args.UINT64))
 
     # ---- discovery -------------------------------------------------------------------
 
@@ -480,7 +477,7 @@ class CheckpointManager:
             step = self._c.latest_step()
             if step is None:
                 raise errors.NotFound(f"no committed step at {self.uri}")
-        return self._c.read_index(int(step))
+        return self._c.read_index(_args.integer(step, "step"))
 
     def metadata(self, step=None):
         """The metadata dict saved with `step` (default: the latest)."""
@@ -562,7 +559,7 @@ class CheckpointManager:
                           and (into_specs[(pfx, path)][0], tuple(into_specs[(pfx, path)][1])) != (dtype, tuple(shape))]
                 if differ:
                     raise errors.InvalidArgument("restore: like= and into= disagree: " + "; ".join(differ))
-        r = self._c.restore(None if step is None else int(step), prefixes, regex, expected, bool(allow_cast),
+        r = self._c.restore(_args.optional_integer(step, "step"), prefixes, regex, expected, bool(allow_cast),
                             _dtype_name(float_dtype), into_list, bool(verify), sharding_opts,
                             bool(fill_missing_chunks))
         restored = {(leaf[0], leaf[1]): leaf[2:] for leaf in r["leaves"]}
@@ -596,15 +593,16 @@ class CheckpointManager:
         """Reads every byte of `step` (default: the latest) and checks every
         checksum; DataLoss names what is damaged."""
         self._check_open()
-        self._c.verify(int(self._index(step)["step"]) if step is None else int(step))
+        self._c.verify(int(self._index(step)["step"]) if step is None else _args.integer(step, "step"))
 
     def remove_step(self, step):
         self._check_open()
-        self._c.remove_step(int(step))
+        self._c.remove_step(_args.integer(step, "step"))
 
     def apply_retention(self, max_to_keep, keep_every=0):
         self._check_open()
-        self._c.apply_retention(int(max_to_keep), int(keep_every))
+        self._c.apply_retention(_args.integer(max_to_keep, "max_to_keep", _args.INT32),
+                               _args.integer(keep_every, "keep_every"))
 
     def gc(self, min_age_seconds=3600.0):
         """Removes leftovers of failed saves older than min_age_seconds (see

@@ -11,7 +11,7 @@ Errors raise the ckptio.Error of their status code with the C++ message.
 
 import json
 
-from . import _ckptio, _tree, errors
+from . import _args, _ckptio, _tree, errors
 
 _LOCAL_KEYS = ("direct_io", "read_mode", "request_size", "queue_depth")
 # keyword -> key of S3Options (ckptio/s3.h), as CheckpointManager spells them
@@ -83,10 +83,11 @@ def cp(src_uri, dst_uri, step=None, *, all=False, overwrite=False, skip_identica
         raise errors.InvalidArgument("cp: on_progress must be callable")
     src_local, src_s3 = _storage({**options, **(src_options or {})}, "cp")
     dst_local, dst_s3 = _storage({**options, **(dst_options or {})}, "cp")
-    r = _ckptio.cp(str(src_uri), str(dst_uri), None if step is None else int(step), bool(all),
+    r = _ckptio.cp(str(src_uri), str(dst_uri), _args.optional_integer(step, "cp: step"), bool(all),
                    bool(overwrite), bool(skip_identical), step_format, dst_step_format or step_format,
-                   format or "", int(zstd_level),
-                   int(chunk_size or 0), int(max_memory or 0), src_local, src_s3, dst_local, dst_s3,
+                   format or "", _args.integer(zstd_level, "cp: zstd_level", _args.INT32),
+                   _args.integer(chunk_size or 0, "cp: chunk_size", _args.UINT64),
+                   _args.integer(max_memory or 0, "cp: max_memory", _args.UINT64), src_local, src_s3, dst_local, dst_s3,
                    on_progress)
     if r["error"] is not None:
         raise _error(r["error"], steps=r["steps"])
@@ -111,7 +112,7 @@ def verify(uri, step=None, *, all=False, raise_on_error=True, step_format="run-{
     if on_progress is not None and not callable(on_progress):
         raise errors.InvalidArgument("verify: on_progress must be callable")
     local, s3 = _storage(options, "verify")
-    r = _ckptio.verify(str(uri), None if step is None else int(step), bool(all), step_format, local, s3,
+    r = _ckptio.verify(str(uri), _args.optional_integer(step, "verify: step"), bool(all), step_format, local, s3,
                        on_progress)
     if r["error"] is not None:
         raise _error(r["error"])
@@ -136,7 +137,7 @@ def inspect(uri, step=None, *, step_format="run-{step}", strict=False, **options
     [{name, bytes}], leaves: [{prefix, path, dtype, shape, bytes, shards}]}.
     Reads only the index."""
     local, s3 = _storage(options, "inspect")
-    d = _ckptio.inspect(str(uri), None if step is None else int(step), step_format, bool(strict), local, s3)
+    d = _ckptio.inspect(str(uri), _args.optional_integer(step, "inspect: step"), step_format, bool(strict), local, s3)
     text = d.pop("metadata_json")
     try:
         metadata = json.loads(text) if text else {}
@@ -159,7 +160,8 @@ def gc(uri, *, keep_last=0, keep_every=0, min_age_seconds=3600.0, step_format="r
     kept_steps}. On failure raises the ckptio.Error, whose `.result` holds
     what was removed before it."""
     local, s3 = _storage(options, "gc")
-    r = _ckptio.gc(str(uri), int(keep_last), int(keep_every), float(min_age_seconds), step_format, local, s3)
+    r = _ckptio.gc(str(uri), _args.integer(keep_last, "gc: keep_last", _args.INT32),
+                   _args.integer(keep_every, "gc: keep_every"), float(min_age_seconds), step_format, local, s3)
     error = r.pop("error")
     if error is not None:
         raise _error(error, result=r)

@@ -33,19 +33,28 @@ bool interpreter_alive() { return Py_IsInitialized() && !_Py_IsFinalizing(); }
 // With the GIL: the Status for what the barrier raised. (The library names
 // the barrier in its message.)
 Status status_of_exception(py::error_already_set& e) {
-  py::object value = e.value();
-  const std::string text = std::string(py::str(value));
-  const std::string type = std::string(py::str(e.type().attr("__name__")));
-  if (e.matches(PyExc_TimeoutError)) return Status(Code::kUnavailable, text.empty() ? type : text);
-  if (py::hasattr(value, "code")) {
-    py::object code = value.attr("code");
-    if (py::isinstance<py::str>(code)) {
-      const std::string c = code.cast<std::string>();
-      for (int i = 1; i <= static_cast<int>(kLastCode); ++i)
-        if (c == code_name(static_cast<Code>(i))) return Status(static_cast<Code>(i), text);
+  // What raises while the exception is read (its __str__, its `code`) is
+  // told as such: nothing leaves this function but a Status.
+  std::string type = "an exception";
+  try {
+    type = std::string(py::str(e.type().attr("__name__")));
+    py::object value = e.value();
+    const std::string text = std::string(py::str(value));
+    if (e.matches(PyExc_TimeoutError)) return Status(Code::kUnavailable, text.empty() ? type : text);
+    if (py::hasattr(value, "code")) {
+      py::object code = value.attr("code");
+      if (py::isinstance<py::str>(code)) {
+        const std::string c = code.cast<std::string>();
+        for (int i = 1; i <= static_cast<int>(kLastCode); ++i)
+          if (c == code_name(static_cast<Code>(i))) return Status(static_cast<Code>(i), text);
+      }
     }
+    return Status(Code::kCancelled, "the barrier callback raised " + type + (text.empty() ? "" : ": " + text));
+  } catch (py::error_already_set& inner) {
+    inner.discard_as_unraisable("ckptio: reading the exception a barrier raised");
+  } catch (const std::exception&) {
   }
-  return Status(Code::kCancelled, "the barrier callback raised " + type + (text.empty() ? "" : ": " + text));
+  return Status(Code::kCancelled, "the barrier callback raised " + type + " (which could not be shown)");
 }
 
 std::string seconds_text(double s) {

@@ -126,8 +126,10 @@ RestoreOptions::Sharding restore_sharding_from_python(const py::dict& d) {
     s.devices = cast_or_throw<std::vector<int64_t>>(d["devices"], "sharding devices");
   if (d.contains("min_size") && !d["min_size"].is_none())
     s.rule_options.min_size = cast_or_throw<int64_t>(d["min_size"], "sharding min_size");
-  if (d.contains("strict") && !d["strict"].is_none()) s.rule_options.strict = d["strict"].cast<bool>();
-  if (d.contains("uneven") && !d["uneven"].is_none()) s.uneven = uneven_from_name(d["uneven"].cast<std::string>());
+  if (d.contains("strict") && !d["strict"].is_none())
+    s.rule_options.strict = cast_or_throw<bool>(d["strict"], "sharding strict");
+  if (d.contains("uneven") && !d["uneven"].is_none())
+    s.uneven = uneven_from_name(cast_or_throw<std::string>(d["uneven"], "sharding uneven"));
   return s;
 }
 

@@ -308,6 +308,18 @@ def test_python_barrier_errors_map_to_status_codes():
     assert call(timeout, "b", 1.0) == ("Unavailable", "slow")
     assert call(dataloss, "b", 1.0) == ("DataLoss", "bad")
     assert call(other, "b", 1.0) == ("Cancelled", "the barrier callback raised ValueError: oops")
+
+    class Unshowable(Exception):
+        def __str__(self):
+            raise RuntimeError("no str")
+
+    def unshowable(name, t):
+        raise Unshowable()
+
+    # (Before, reading this exception's text raised out of the barrier's
+    # C++ caller: std::terminate.)
+    assert call(unshowable, "b", 1.0) == ("Cancelled",
+                                          "the barrier callback raised Unshowable (which could not be shown)")
     assert call(lambda name, t: False, "b", 1.5)[0] == "Unavailable"
 
     class WithWait:

@@ -319,6 +319,8 @@ def test_bad_shards():
     (dict(mesh={"dp": 2}, rules=[(".*", P())], leaves={"p/nope": P()}), "p/nope is not a leaf"),
     (dict(mesh={"dp": 2}, rules=[(".*", P())], leaves={"p/w": P("x")}), "names axis 'x'"),
     (dict(rules=[(".*", P())]), "mesh= is required"),
+    (dict(mesh={"dp": 2}, rules=[(".*", P())], uneven=1), "sharding uneven"),
+    (dict(mesh={"dp": 2}, rules=[(".*", P())], strict="no"), "sharding strict"),
     (dict(mesh={"dp": 2}, rule=[]), "unknown keys"),
 ])
 def test_bad_sharding_raises_the_library_error(ckpt_dir, sharding, message):

@@ -94,6 +94,85 @@ def test_bfloat16_and_float8_without_ml_dtypes_keep_their_dtype_name(ckpt_dir, n
     assert type(bf + 1) is np.ndarray  # arithmetic on the carrier is plain uint16
 
 
+def test_float_scalars_cast_to_bfloat16_or_float8_keep_their_values(ckpt_dir, no_ml_dtypes):
+    """A Python float (or numpy scalar) stored as bfloat16 / float8 comes back
+    as its value, not as the bits of it (16416.0 for 2.5 before)."""
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        state = {"opt": {"lr": 2.5, "tiny": -0.001953125, "beta": np.float32(0.75)}}
+        mgr.save(1, state, float_dtype="bfloat16").wait()
+        out = mgr.restore(1)["opt"]
+        assert out["lr"] == 2.5 and type(out["lr"]) is float
+        assert out["tiny"] == -0.001953125
+        # Without ml_dtypes a numpy bfloat16 scalar does not exist: the 0-d
+        # view that keeps its dtype name, as bfloat16 arrays come back.
+        assert isinstance(out["beta"], ckptio.RawArray) and out["beta"].ckptio_dtype == "bfloat16"
+        assert int(out["beta"]) == 0x3F40  # 0.75
+        mgr.save(2, {"opt": {"lr": 2.5}}).wait()
+        assert mgr.restore(2, float_dtype="bfloat16")["opt"]["lr"] == 2.5
+        sharded = mgr.restore(2, float_dtype="bfloat16", sharding=dict(mesh={"d": 1}, rules=[(".*", [])]))
+        assert sharded["opt"]["lr"] == 2.5
+    # float8 (a float_dtype cast cannot make it; a 0-d leaf of it read as a
+    # Python float can be), decoded from its bits: known values of each.
+    for dtype, table in (("float8_e4m3fn", {0x38: 1.0, 0xC0: -2.0, 0x08: 0.015625, 0x7E: 448.0,
+                                            0x81: -0.001953125, 0x00: 0.0, 0x0F: 0.029296875}),
+                         ("float8_e5m2", {0x3C: 1.0, 0xC0: -2.0, 0x38: 0.5, 0x7B: 57344.0,
+                                          0x81: -1.52587890625e-05, 0x7C: float("inf"), 0x00: 0.0})):
+        for bits, value in table.items():
+            assert _leaves.float_of(dtype, np.array(bits, np.uint8)) == value, (dtype, hex(bits))
+    assert np.isnan(_leaves.float_of("float8_e4m3fn", np.array(0x7F, np.uint8)))
+    assert _leaves.float_of("bfloat16", np.array(0xC040, np.uint16)) == -3.0
+
+
+def test_float_dtype_takes_every_form_a_leaf_dtype_takes(ckpt_dir):
+    x = np.linspace(0, 1, 8, dtype=np.float32)
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        for step, form in enumerate((np.float16, np.dtype("float16"), "<f2", "float16", torch.float16), 1):
+            mgr.save(step, {"p": {"w": x}}, float_dtype=form).wait()
+            assert {l.path: l.dtype for l in mgr.leaves(step)} == {"w": "float16"}, form
+            assert mgr.restore(1, float_dtype=form)["p"]["w"].dtype == np.float16
+        with pytest.raises(ckptio.InvalidArgument, match="float_dtype"):
+            mgr.save(9, {"p": {"w": x}}, float_dtype="float17")
+
+
+def test_restored_arrays_are_aligned_for_their_dtype(ckpt_dir):
+    """A float64 leaf saved after a 3-byte one came back at an odd address:
+    numpy flagged it unaligned, and torch tensors over it were too."""
+    state = {"p": {"a": np.arange(3, dtype=np.uint8), "b": np.arange(1 << 17, dtype=np.float64),
+                   "c": np.arange(5, dtype=np.uint8), "d": np.arange(7, dtype=np.complex128)}}
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        mgr.save(1, state).wait()
+        for out in (mgr.restore(1)["p"], mgr.restore(1, sharding=dict(mesh={"d": 2}, rules=[(".*", ["d"])],
+                                                                        min_size=0))["p"]):
+            for name, v in out.items():
+                arrays = [v] if isinstance(v, np.ndarray) else [shard.data for shard in v]
+                for a in arrays:
+                    assert a.flags.aligned and a.ctypes.data % a.dtype.alignment == 0, name
+        t = mgr.restore(1, like={"p": {k: torch.from_numpy(v) for k, v in state["p"].items()}})["p"]["b"]
+        assert t.data_ptr() % 8 == 0
+
+
+def test_integer_arguments_out_of_range_or_not_integers_are_invalid(ckpt_dir):
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        x = {"p": {"w": np.zeros(2)}}
+        for bad in (2 ** 63, 1.9, "3", True):
+            with pytest.raises(ckptio.InvalidArgument, match="step"):
+                mgr.save(bad, x)
+        for call in (lambda: mgr.restore(2 ** 64), lambda: mgr.restore(1.5), lambda: mgr.metadata(2 ** 63),
+                     lambda: mgr.prepare_staging(-1), lambda: mgr.apply_retention(2 ** 31)):
+            with pytest.raises(ckptio.InvalidArgument):
+                call()
+        mgr.save(np.int64(4), x).wait()  # numpy integers are integers
+        assert mgr.all_steps() == [4]
+    for bad, what in ((dict(max_to_keep=-1), "max_to_keep"), (dict(keep_every=-3), "keep_every"),
+                      (dict(max_in_flight=0), "max_in_flight")):
+        with pytest.raises(ckptio.InvalidArgument, match=what):
+            ckptio.CheckpointManager(ckpt_dir, **bad)
+    with pytest.raises(ckptio.InvalidArgument, match="chunk_size"):
+        ckptio.cp(ckpt_dir, ckpt_dir + "-copy", chunk_size=-1)
+    with pytest.raises(ckptio.InvalidArgument, match="keep_last"):
+        ckptio.gc(ckpt_dir, keep_last=2 ** 40)
+
+
 def test_bfloat16_with_ml_dtypes_uses_its_types(ckpt_dir, monkeypatch):
     """A small fake ml_dtypes (Debian 12 has none): restored bfloat16 / float8
     leaves come back viewed as its types."""

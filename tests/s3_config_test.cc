@@ -333,6 +333,15 @@ TEST(S3Config, RegionDrivesTheDefaultEndpoint) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->endpoint, "https://s3.ap-northeast-1.amazonaws.com");
   EXPECT_FALSE(c->path_style);
+  // The China regions are another partition, under amazonaws.com.cn (S3 and
+  // STS alike; s3.cn-north-1.amazonaws.com does not exist).
+  f.env["AWS_REGION"] = "cn-north-1";
+  const auto cn = f.resolve();
+  ASSERT_TRUE(cn.ok()) << cn.status().to_string();
+  EXPECT_EQ(cn->endpoint, "https://s3.cn-north-1.amazonaws.com.cn");
+  EXPECT_EQ(aws_dns_suffix("cn-northwest-1"), "amazonaws.com.cn");
+  EXPECT_EQ(aws_dns_suffix("us-gov-west-1"), "amazonaws.com");
+  EXPECT_EQ(aws_dns_suffix("eu-central-1"), "amazonaws.com");
   f.env["AWS_REGION"] = "us-east-1/../evil";
   EXPECT_FALSE(f.resolve().ok());
 }

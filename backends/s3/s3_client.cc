@@ -48,7 +48,7 @@ struct S3Client::Attempt {
 S3Client::S3Client(S3Config config, std::string bucket)
     : config_(std::move(config)),
       bucket_(std::move(bucket)),
-      default_aws_endpoint_(config_.endpoint == "https://s3." + config_.region + ".amazonaws.com"),
+      default_aws_endpoint_(config_.endpoint == default_s3_endpoint(config_.region)),
       region_(config_.region),
       http_(http_options(config_)) {
   std::string ep = config_.endpoint;
@@ -69,7 +69,7 @@ bool S3Client::follow_region(const std::string& region) {
                "to save the extra request)",
                bucket_, region, region_, region, region);
   region_ = region;
-  if (default_aws_endpoint_) host_ = "s3." + region + ".amazonaws.com";
+  if (default_aws_endpoint_) host_ = "s3." + region + "." + std::string(aws_dns_suffix(region));
   return true;
 }
 

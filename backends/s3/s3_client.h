@@ -107,7 +107,7 @@ class S3Client {
   const S3Config config_;
   const std::string bucket_;
   std::string scheme_;  // "http" or "https"
-  const bool default_aws_endpoint_;  // config_.endpoint is https://s3.<region>.amazonaws.com
+  const bool default_aws_endpoint_;  // config_.endpoint is default_s3_endpoint(region)
   mutable std::mutex region_mu_;
   std::string region_;  // signing region; config_.region until the server says otherwise
   std::string host_;    // host[:port] of the endpoint

@@ -65,7 +65,7 @@ Result<bool> resolve_endpoint(const S3ConfigOverrides& o, const ConfigSources& s
   if (endpoint) {
     CKPTIO_ASSIGN_OR_RETURN(c.endpoint, normalize_endpoint(endpoint->first, endpoint->second));
   } else {
-    c.endpoint = "https://s3." + c.region + ".amazonaws.com";
+    c.endpoint = default_s3_endpoint(c.region);
   }
   return endpoint.has_value();
 }
@@ -117,6 +117,14 @@ Status resolve_addressing(const S3ConfigOverrides& o, const ConfigSources& src, 
 }
 
 }  // namespace
+
+std::string_view aws_dns_suffix(std::string_view region) {
+  return region.starts_with("cn-") ? "amazonaws.com.cn" : "amazonaws.com";
+}
+
+std::string default_s3_endpoint(const std::string& region) {
+  return "https://s3." + region + "." + std::string(aws_dns_suffix(region));
+}
 
 bool dns_compatible_bucket(std::string_view b) {
   if (b.size() < 3 || b.size() > 63) return false;

@@ -150,6 +150,13 @@ struct S3ConfigOverrides {
 // (*.s3.REGION.amazonaws.com) does not cover.
 bool dns_compatible_bucket(std::string_view bucket);
 
+// The DNS suffix of AWS's endpoints in `region`'s partition: amazonaws.com.cn
+// in the China regions (cn-north-1, cn-northwest-1), amazonaws.com elsewhere
+// (the GovCloud regions included).
+std::string_view aws_dns_suffix(std::string_view region);
+// The S3 endpoint when none is configured: https://s3.<region>.<suffix>.
+std::string default_s3_endpoint(const std::string& region);
+
 using GetEnv = std::function<std::optional<std::string>(const std::string& name)>;
 // Returns a file's contents, or nullopt when it does not exist or cannot be read.
 using ReadFile = std::function<std::optional<std::string>(const std::string& path)>;
@@ -158,7 +165,8 @@ using ReadFile = std::function<std::optional<std::string>(const std::string& pat
 // files, with these sources per setting (first one set wins):
 //   endpoint   override; AWS_ENDPOINT_URL_S3; AWS_ENDPOINT_URL; profile
 //              "s3.endpoint_url"; profile "endpoint_url"; else
-//              https://s3.<region>.amazonaws.com. AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true
+//              https://s3.<region>.amazonaws.com (.com.cn in China: aws_dns_suffix).
+//              AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true
 //              skips the environment and profile endpoints.
 //   region     override; AWS_REGION; AWS_DEFAULT_REGION; profile "region"; us-east-1
 //   creds      override; AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN),
@@ -170,7 +178,7 @@ using ReadFile = std::function<std::optional<std::string>(const std::string& pat
 //                web identity: AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN
 //                (+ AWS_ROLE_SESSION_NAME), else the profile's web_identity_token_file
 //                + role_arn (+ role_session_name); STS at AWS_ENDPOINT_URL_STS, else
-//                AWS_ENDPOINT_URL, else https://sts.<region>.amazonaws.com;
+//                AWS_ENDPOINT_URL, else https://sts.<region>.amazonaws.com (.com.cn);
 //              profile aws_access_key_id + aws_secret_access_key (+ aws_session_token),
 //              the credentials file winning over the config file;
 //              then, only with use_network:

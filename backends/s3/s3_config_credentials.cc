@@ -89,7 +89,7 @@ Result<std::string> sts_endpoint(const ConfigSources& src, const std::string& re
     return normalize_endpoint(*v, "AWS_ENDPOINT_URL_STS");
   if (auto v = ignore_configured_endpoints ? std::nullopt : src.env("AWS_ENDPOINT_URL"))
     return normalize_endpoint(*v, "AWS_ENDPOINT_URL");
-  return "https://sts." + region + ".amazonaws.com";
+  return "https://sts." + region + "." + std::string(aws_dns_suffix(region));
 }
 
 std::string default_session() {

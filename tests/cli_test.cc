@@ -400,14 +400,20 @@ TEST_F(CliTest, UnreadablePathsAreOneLineErrorsExitOne) {
 
 TEST_F(CliTest, GcKeepsTheLastStepAndRemovesDeadAttempts) {
   for (int s = 1; s <= 3; ++s) synth_save(s, "512KiB", 6);
-  fs::create_directories(dir_ + "/run-9.tmp-dead");
-  std::ofstream(dir_ + "/run-9.tmp-dead/data-dead-0.bin") << "leftover";
+  fs::create_directories(dir_ + "/run-9.tmp-00000000deaddead");
+  std::ofstream(dir_ + "/run-9.tmp-00000000deaddead/data-dead-0.bin") << "leftover";
+  // Not ckptio's: its suffix is no attempt id (16 hex digits), and a step
+  // name with a '-' before its digits is no step (it was step 0 of a
+  // "run{step}" base: -0). Neither is listed or removed.
+  fs::create_directories(dir_ + "/run-9.tmp-notes");
+  std::ofstream(dir_ + "/run-9.tmp-notes/todo.txt") << "mine";
+  fs::create_directories(dir_ + "/run--0");
 
   json before = run_json({"ls", dir_, "--json"});
   EXPECT_EQ(before.size(), 4u) << before.dump();
   bool saw_tmp = false;
   for (const json& e : before) {
-    if (e["name"] != "run-9.tmp-dead") continue;
+    if (e["name"] != "run-9.tmp-00000000deaddead") continue;
     saw_tmp = true;
     EXPECT_EQ(e["committed"], false);
     EXPECT_EQ(e["state"], "temporary");
@@ -417,17 +423,21 @@ TEST_F(CliTest, GcKeepsTheLastStepAndRemovesDeadAttempts) {
   // Just written: it may be a save in progress elsewhere, and the default
   // --min-age (an hour) keeps it; retention still runs.
   CliResult young = run({"gc", dir_, "--keep-last", "2"});
-  EXPECT_EQ(young.out.find("run-9.tmp-dead"), std::string::npos) << young.out;
+  EXPECT_EQ(young.out.find("run-9.tmp-00000000deaddead"), std::string::npos) << young.out;
   EXPECT_NE(young.out.find("run-1"), std::string::npos) << young.out;
-  EXPECT_TRUE(fs::exists(dir_ + "/run-9.tmp-dead/data-dead-0.bin"));
+  EXPECT_TRUE(fs::exists(dir_ + "/run-9.tmp-00000000deaddead/data-dead-0.bin"));
   // Two hours old (the file and the directory): a leftover.
   const auto old_time = fs::file_time_type::clock::now() - std::chrono::hours(2);
-  fs::last_write_time(dir_ + "/run-9.tmp-dead/data-dead-0.bin", old_time);
-  fs::last_write_time(dir_ + "/run-9.tmp-dead", old_time);
+  fs::last_write_time(dir_ + "/run-9.tmp-00000000deaddead/data-dead-0.bin", old_time);
+  fs::last_write_time(dir_ + "/run-9.tmp-00000000deaddead", old_time);
+  fs::last_write_time(dir_ + "/run-9.tmp-notes/todo.txt", old_time);
+  fs::last_write_time(dir_ + "/run-9.tmp-notes", old_time);
   CliResult gc = run({"gc", dir_, "--keep-last", "1"});
-  EXPECT_NE(gc.out.find("run-9.tmp-dead"), std::string::npos) << gc.out;
+  EXPECT_NE(gc.out.find("run-9.tmp-00000000deaddead"), std::string::npos) << gc.out;
   EXPECT_NE(gc.out.find("run-2"), std::string::npos) << gc.out;
-  EXPECT_FALSE(fs::exists(dir_ + "/run-9.tmp-dead"));
+  EXPECT_FALSE(fs::exists(dir_ + "/run-9.tmp-00000000deaddead"));
+  EXPECT_TRUE(fs::exists(dir_ + "/run-9.tmp-notes/todo.txt")) << "gc removed a directory that is not ckptio's";
+  EXPECT_TRUE(fs::exists(dir_ + "/run--0"));
 
   json after = run_json({"ls", dir_, "--json"});
   ASSERT_EQ(after.size(), 1u) << after.dump();

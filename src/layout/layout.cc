@@ -35,6 +35,10 @@ std::optional<int64_t> StepNaming::parse(std::string_view name) const {
   if (name.substr(name.size() - tail_.size()) != tail_) return std::nullopt;
   std::string_view digits = name.substr(head_.size(), name.size() - head_.size() - tail_.size());
   if (digits.empty() || digits.size() > 19) return std::nullopt;
+  // Decimal digits only: from_chars takes a '-', and "-0" was step 0 (so
+  // "run-{step}" and "run{step}" each claimed the other's run-0).
+  for (char c : digits)
+    if (c < '0' || c > '9') return std::nullopt;
   if (digits.size() > 1 && digits[0] == '0') return std::nullopt;  // one spelling per step
   int64_t v = 0;
   auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
@@ -68,11 +72,18 @@ std::optional<StepDir> classify_step_dir(const StepNaming& naming, std::string_v
                               std::pair{".del-", StepDirKind::kDeleting}}) {
     size_t at = name.rfind(marker);
     if (at == std::string_view::npos) continue;
+    // An attempt id is what new_attempt_id() and group_attempt_id() make: 16
+    // lowercase hex digits. Anything else ("2024.tmp-notes/" beside steps
+    // named "{step}") is not ckptio's, and gc must leave it alone.
+    const std::string_view attempt = name.substr(at + 5);
+    if (attempt.size() != 16 ||
+        !std::all_of(attempt.begin(), attempt.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }))
+      return std::nullopt;
     auto step = naming.parse(name.substr(0, at));
     if (!step) return std::nullopt;
     d.step = *step;
     d.kind = kind;
-    d.attempt = std::string(name.substr(at + 5));
+    d.attempt = std::string(attempt);
     return d;
   }
   auto step = naming.parse(name);

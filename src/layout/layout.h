@@ -45,7 +45,9 @@ struct StepDir {
 // A random 16-hex-digit id, unique per save attempt.
 std::string new_attempt_id();
 
-// The prefixes a step occupies; parses "run-5", "run-5.tmp-ab", "run-5.del-ab".
+// The prefixes a step occupies; parses "run-5", "run-5.tmp-<attempt>",
+// "run-5.del-<attempt>" (an attempt: 16 lowercase hex digits; anything else
+// is no step directory).
 std::optional<StepDir> classify_step_dir(const StepNaming& naming, std::string_view name);
 
 // Every step directory under the root, sorted by step then name.

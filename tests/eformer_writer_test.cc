@@ -426,6 +426,52 @@ TEST_P(EformerWriterTest, AFailedWriteFailsCommitAndLeavesNoStep) {
   expect_restores(10, a);
 }
 
+// Two writers of one step that both found it free: the one that aborts (or
+// fails) after the other committed leaves the committed step whole. On an
+// object store both write under the step's own prefix, and the loser's
+// discard removed everything under it, the winner's metadata.json and
+// chunks included.
+TEST_P(EformerWriterTest, AWriterThatAbortsAfterAnotherCommittedLeavesItsStepWhole) {
+  const Data a = make_data(7);
+  auto loser = EformerStepWriter::start(*base_, "run-10", 10);
+  ASSERT_TRUE(loser.ok()) << loser.status().to_string();
+  auto winner = EformerStepWriter::start(*base_, "run-10", 10);
+  ASSERT_TRUE(winner.ok()) << winner.status().to_string();
+  auto lost = declare(**loser);
+  ASSERT_TRUE(write_all(**loser, lost, a).ok());
+  auto won = declare(**winner);
+  ASSERT_TRUE(write_all(**winner, won, a).ok());
+  ASSERT_TRUE((*winner)->commit().ok());
+  (*loser)->abort();
+  EXPECT_EQ(steps(), (std::vector<int64_t>{10}));
+  expect_restores(10, a);
+}
+
+// metadata.json stored, its answer lost and the last retry refused (403
+// after a key rotation): the step is committed, and the writer says so. On
+// an object store only kUnavailable, kIOError, kInternal and kCancelled were
+// read back: this one was discarded after it had been visible.
+TEST_P(EformerWriterTest, AMetadataPutThatTookEffectBehindAnyErrorIsACommit) {
+  const Data a = make_data(9);
+  FaultRule rule;
+  rule.op = FaultOp::kPut;
+  rule.key_substr = "metadata.json";
+  rule.code = Code::kPermissionDenied;
+  rule.after = true;
+  rule.times = 1;
+  faults_->add_rule(rule);
+  Status s = write_step(*faults_, 10, a);
+  faults_->clear_rules();
+  if (!base_->caps().atomic_rename) {  // an object store: metadata.json is the commit
+    ASSERT_TRUE(s.ok()) << s.to_string();
+    EXPECT_EQ(steps(), (std::vector<int64_t>{10}));
+    expect_restores(10, a);
+  } else {  // (POSIX: metadata.json is written in the staging directory, renamed after)
+    EXPECT_EQ(s.code(), Code::kPermissionDenied) << s.to_string();
+    EXPECT_TRUE(steps().empty());
+  }
+}
+
 TEST_P(EformerWriterTest, OverwriteIsRefusedUnlessAsked) {
   const Data a = make_data(11), b = make_data(22);
   ASSERT_TRUE(write_step(*base_, 10, a).ok());

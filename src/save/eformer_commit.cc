@@ -89,14 +89,16 @@ Status EformerStepWriter::Impl::publish_object_store(const std::string& metadata
   Status put = options.overwrite ? storage.put(key, bytes) : storage.put_new(key, bytes);
   if (put.ok()) return put;
   put = put.annotate("write " + storage.describe() + "/" + key);
+  // Refused, or failed with whatever error: a retried PUT whose first
+  // attempt stored the object ends with its last attempt's error, which may
+  // be any (403 after a key rotation, a quota): read back, as commit.cc does
+  // for an index. (Only kUnavailable, kIOError, kInternal and kCancelled
+  // were read back: a stored metadata.json behind a 403 was discarded.)
   const bool refused = put.code() == Code::kAlreadyExists;
-  const bool maybe = put.code() == Code::kUnavailable || put.code() == Code::kIOError ||
-                     put.code() == Code::kInternal || put.code() == Code::kCancelled;
   auto already = [&] {
     *keep = true;  // another writer committed this step into the same prefix meanwhile
     return Status(Code::kAlreadyExists, "step " + paths.final_dir + " was committed by another writer meanwhile");
   };
-  if (!refused && !maybe) return put;
   auto there = storage.get(key, bytes.size());
   if (there.ok()) return *there == metadata ? Status::OK() : refused ? already() : put;
   const Code code = there.status().code();
@@ -130,6 +132,16 @@ void EformerStepWriter::Impl::discard() noexcept {
   }
   drain();
   try {
+    if (!paths.renames) {
+      // An object store's attempt writes under the step's own prefix. A
+      // metadata.json there now is another writer's commit (this attempt's
+      // own was settled by publish_object_store before a discard): its step
+      // shares the chunk keys, so nothing under the prefix is removed. Nor
+      // when that cannot be told (gc leaves eformer steps alone; a leftover
+      // costs space, a removal could cost a committed step).
+      auto meta = storage.stat(paths.final_dir + "/" + std::string(kEformerMetadataName));
+      if (meta.ok() || meta.status().code() != Code::kNotFound) return;
+    }
     (void)storage.remove_prefix(paths.stage_dir + "/");
   } catch (...) {
   }

@@ -435,7 +435,11 @@ std::shared_ptr<Storage> open_base(const std::string& base) {
 // Dead leftovers for gc to remove while saves run: a temporary step
 // directory whose times are two hours old.
 void plant_leftover(const std::string& base, int64_t step, int n) {
-  const std::string dir = base + "/run-" + std::to_string(step) + ".tmp-dead" + std::to_string(n);
+  // (An attempt id as ckptio makes them, 16 hex digits: gc leaves any other
+  // suffix alone.)
+  char attempt[17];
+  std::snprintf(attempt, sizeof attempt, "00000000dead%04x", static_cast<unsigned>(n) & 0xffffu);
+  const std::string dir = base + "/run-" + std::to_string(step) + ".tmp-" + attempt;
   ::mkdir(dir.c_str(), 0755);
   const std::string f = dir + "/data-dead-0.bin";
   int fd = ::open(f.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);

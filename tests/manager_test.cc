@@ -1814,33 +1814,55 @@ TEST_P(ManagerTest, AnIndexThatRecordsAnotherStepIsDamage) {
   EXPECT_EQ(r->skipped[0].step, 7);
 }
 
-// An overwrite of a step that a restore is reading: on POSIX the commit
-// exchanges the directories and the replaced files go. It waits for the
-// restore (as retention does), which reads the step it began with whole.
-TEST_P(ManagerTest, AnOverwriteWaitsForARestoreOfTheStep) {
-  auto m = manager();
+// Saves step 5, holds a restore of it inside its first read of a data key
+// (`is_data`) for a second, overwrites the step meanwhile: the restore reads
+// the step it began with whole, and the overwrite then lands.
+void expect_an_overwrite_waits_for_a_restore(CheckpointManager& m, FaultStorage& faults,
+                                             const std::function<bool(const std::string&)>& is_data) {
   auto old_state = sample_state(19), new_state = sample_state(20);
-  ASSERT_TRUE(m->save(5, views(old_state)).value().wait().ok());
+  ASSERT_TRUE(m.save(5, views(old_state)).value().wait().ok());
   std::promise<void> reading;
   std::atomic<bool> armed{true};
-  faults_->set_hook([&](FaultOp op, const std::string& key) {
-    if (op == FaultOp::kRead && key.find("run-5/data-") != std::string::npos && armed.exchange(false)) {
+  faults.set_hook([&](FaultOp op, const std::string& key) {
+    if (op == FaultOp::kRead && is_data(key) && armed.exchange(false)) {
       reading.set_value();
-      std::this_thread::sleep_for(std::chrono::seconds(1));  // the overwrite's commit would land now
+      std::this_thread::sleep_for(std::chrono::seconds(1));  // the overwrite would land now
     }
   });
-  auto restore = std::async(std::launch::async, [&] { return m->restore(5); });
+  auto restore = std::async(std::launch::async, [&] { return m.restore(5); });
   reading.get_future().wait();
-  auto h = m->save(5, views(new_state), {.overwrite = true});
+  auto h = m.save(5, views(new_state), {.overwrite = true});
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   auto r = restore.get();
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   expect_restored(*r, old_state);
   ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
-  faults_->set_hook(nullptr);
-  auto again = m->restore(5);
+  faults.set_hook(nullptr);
+  auto again = m.restore(5);
   ASSERT_TRUE(again.ok()) << again.status().to_string();
   expect_restored(*again, new_state);
+}
+
+// An overwrite of a step that a restore is reading: on POSIX the commit
+// exchanges the directories and the replaced files go. It waits for the
+// restore (as retention does), which reads the step it began with whole.
+TEST_P(ManagerTest, AnOverwriteWaitsForARestoreOfTheStep) {
+  auto m = manager();
+  expect_an_overwrite_waits_for_a_restore(
+      *m, *faults_, [](const std::string& key) { return key.find("run-5/data-") != std::string::npos; });
+}
+
+// The same in eformer's layout. On an object store its writer removes the
+// old step's objects as it starts: the overwrite now waits for the restore
+// from then on (it waited only at its commit, and the restore lost its
+// chunks: NotFound).
+TEST_P(ManagerTest, AnEformerOverwriteWaitsForARestoreOfTheStep) {
+  ManagerOptions o;
+  o.layout = "eformer";
+  auto m = manager(o);
+  expect_an_overwrite_waits_for_a_restore(*m, *faults_, [](const std::string& key) {  // a chunk
+    return key.starts_with("run-5/") && !key.ends_with(".json") && !key.ends_with(".zarray");
+  });
 }
 
 TEST_P(ManagerTest, InvalidInputIsRefusedAtOnce) {

@@ -100,6 +100,14 @@ void CheckpointManager::Impl::run_eformer_job(SaveJob& job) {
       // Leaves assembled into one chunk: declared before the writer, so that on
       // an error path they outlive its destructor's wait for borrowed reads.
       std::vector<Buffer> assembled;
+      // An overwrite waits for the step's readers, and keeps new ones out,
+      // from the moment the old step starts going: on an object store the
+      // writer removes its objects as it starts (before, the mark was taken
+      // only at the commit, and a restore in flight lost its chunks); on
+      // POSIX the commit's exchange. (Declared before the writer: released
+      // after its destructor's discard.)
+      std::optional<ReplaceMark> replacing;
+      if (job.options.overwrite && !job.paths.renames) replacing.emplace(this, job.step);
       CKPTIO_ASSIGN_OR_RETURN(auto writer, zarr::EformerStepWriter::start(storage, job.paths.final_dir, job.step, wo));
       std::vector<size_t> ids;
       std::vector<Shape> chunks;
@@ -135,8 +143,7 @@ void CheckpointManager::Impl::run_eformer_job(SaveJob& job) {
       release();  // the writer has read every shard
       stats.write_seconds = since(t0);
       const auto t1 = Clock::now();
-      std::optional<ReplaceMark> replacing;  // (an overwrite waits for the step's readers)
-      if (job.options.overwrite) replacing.emplace(this, job.step);
+      if (job.options.overwrite && !replacing) replacing.emplace(this, job.step);
       Status c = writer->commit();
       stats.commit_seconds = since(t1);
       return c;

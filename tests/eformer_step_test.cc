@@ -44,6 +44,14 @@
 namespace ckptio {
 namespace {
 
+// cp --format ckptio of an eformer step into "conv-{step}" beside it.
+CopyOptions to_ckptio_as_conv() {
+  CopyOptions o;
+  o.format = "ckptio";
+  o.dst_step_format = "conv-{step}";
+  return o;
+}
+
 namespace fs = std::filesystem;
 using testutil::Backend;
 
@@ -221,9 +229,7 @@ TEST_P(EformerStepTest, ATimestampBefore1970IsNoCommitTime) {
   ASSERT_TRUE(index.ok()) << index.status().to_string();
   EXPECT_EQ(index->committed_unix_ns, 0);
   EXPECT_EQ(index->created_unix_ns, 0);
-  CopyOptions to_ckptio;
-  to_ckptio.format = "ckptio";
-  to_ckptio.dst_step_format = "conv-{step}";
+  CopyOptions to_ckptio = to_ckptio_as_conv();
   auto c = copy_step(*base_, *base_, 200, to_ckptio);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   ManagerOptions o;
@@ -515,9 +521,7 @@ TEST_P(EformerStepTest, GcLeavesEformerStepsAloneCompleteOrNot) {
 // The twins are refused by every reader of the step: a restore filled the
 // one leaf from both arrays, whichever came last winning, and returned OK.
 TEST_P(EformerStepTest, ConversionToCkptioRefusesWhatItCannotName) {
-  CopyOptions to_ckptio;
-  to_ckptio.format = "ckptio";
-  to_ckptio.dst_step_format = "conv-{step}";
+  CopyOptions to_ckptio = to_ckptio_as_conv();
   auto edit = [&](const std::string& key, auto&& change) { edit_json(key, change); };
   auto nothing_converted = [&] {
     ManagerOptions o;
@@ -577,9 +581,7 @@ TEST_P(EformerStepTest, ConversionToCkptioRefusesWhatItCannotName) {
 // as its layout commits, read back by ckptio (and, on local disk, the last
 // one by zarr-python).
 TEST_P(EformerStepTest, ConvertsToCkptioAndBackBitExact) {
-  CopyOptions to_ckptio;
-  to_ckptio.format = "ckptio";
-  to_ckptio.dst_step_format = "conv-{step}";
+  CopyOptions to_ckptio = to_ckptio_as_conv();
   auto c = copy_step(*base_, *base_, 200, to_ckptio);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   CopyOptions back;
@@ -641,9 +643,7 @@ for path, name in [("model/layers/0/kernel", "model/layers.0.kernel"), ("model/l
 // before. A damaged byte or a short data file is still data loss, and
 // leaves the step committed at the destination as it was.
 TEST_P(EformerStepTest, AConversionOfACachedStepCompressesItInPlace) {
-  CopyOptions to_ckptio;
-  to_ckptio.format = "ckptio";
-  to_ckptio.dst_step_format = "conv-{step}";
+  CopyOptions to_ckptio = to_ckptio_as_conv();
   ASSERT_TRUE(copy_step(*base_, *base_, 200, to_ckptio).ok());
   const bool local = GetParam() == Backend::kLocal;
   std::vector<fs::path> files;  // conv-200's data files (local)

@@ -5,6 +5,7 @@
 // cli_sharding_test.cc. Also the manifest format and the cover check.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cmath>
@@ -479,6 +480,69 @@ TEST_P(GroupSaveTest, AManifestPutThatFailedAfterTakingEffectStillReportsTheComm
   faults_->clear_rules();
   for (int p = 0; p < 2; ++p) EXPECT_TRUE(out[p].ok()) << "process " << p << ": " << out[p].to_string();
   expect_step(7, state);
+}
+
+// On a file system the step is visible from the commit's rename on, but
+// committed only once the fsync of the base after it succeeded; should that
+// fail, the coordinator moves the step back and fails it. A process polling
+// for the outcome that read the index in between must not report a commit
+// (it waits until the coordinator removed its manifest from the step, which
+// it does once the commit returned): here the failing fsync waits
+// until process 1 has read the index. Object stores commit with the index
+// PUT, never taken back (AnIndexPutOfUnknownOutcomeDeletesNoDataFile).
+TEST_P(GroupSaveTest, AStepTakenBackAfterAnotherProcessReadItsIndexFailsEveryProcess) {
+  if (!faults_->caps().atomic_rename) return;
+  const auto state = global_state(11);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  std::atomic<bool> renamed{false}, failed_sync{false}, read_once{false};
+  std::promise<void> read_p;
+  std::shared_future<void> read = read_p.get_future().share();
+  faults_->set_hook([&](FaultOp op, const std::string& key) {
+    if (op == FaultOp::kRename && key.starts_with("run-8.tmp-")) {
+      renamed = true;
+    } else if (op == FaultOp::kGet && renamed && key == "run-8/ckptio_index.json") {
+      if (!read_once.exchange(true)) read_p.set_value();  // (the coordinator reads none before the sync)
+    } else if (op == FaultOp::kSync && renamed && !failed_sync.exchange(true)) {
+      read.wait_for(std::chrono::seconds(20));
+      faults_->add_rule(FaultRule{.op = FaultOp::kSync, .code = Code::kIOError, .times = 1});
+    }
+  });
+  Managers ms = managers(options_for(2, /*timeout=*/30));
+  auto out = save_all(8, states, ms);
+  faults_->set_hook(nullptr);
+  faults_->clear_rules();
+  ASSERT_TRUE(read_once) << "process 1 never read the index between the rename and the fsync";
+  EXPECT_EQ(out[0].code(), Code::kIOError) << out[0].to_string();
+  EXPECT_NE(out[0].message().find("moved back"), std::string::npos) << out[0].to_string();
+  EXPECT_EQ(out[1].code(), Code::kFailedPrecondition) << out[1].to_string();
+  EXPECT_NE(out[1].message().find("moved back"), std::string::npos) << out[1].to_string();
+  CheckpointManager reader(faults_, {});
+  EXPECT_EQ(reader.all_steps().value(), std::vector<int64_t>{});
+  out = save_all(8, states, ms);  // saved again, it commits
+  for (int p = 0; p < 2; ++p) EXPECT_TRUE(out[p].ok()) << "process " << p << ": " << out[p].to_string();
+  expect_step(8, state);
+}
+
+// A failure record or a manifest's error is outside data: quoted in the
+// other processes' errors with its control bytes escaped and its length cut.
+TEST_P(GroupSaveTest, AnotherProcesssErrorIsQuotedPrintableAndShort) {
+  const auto state = global_state(12);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  // The coordinator's failure: its own data write fails with a message that
+  // has a newline, an escape and 9,000 characters.
+  const std::string hostile = "bad\n\x1b[31mred" + std::string(9000, 'x');
+  faults_->add_rule(FaultRule{.op = FaultOp::kWrite, .key_substr = "-p0-", .code = Code::kIOError,
+                              .message = hostile});
+  auto out = save_all(9, states, options_for(2, /*timeout=*/30));
+  faults_->clear_rules();
+  ASSERT_FALSE(out[1].ok());
+  const std::string msg = out[1].message();
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg.substr(0, 300);
+  EXPECT_EQ(msg.find('\x1b'), std::string::npos) << msg.substr(0, 300);
+  EXPECT_NE(msg.find("bad\\x0A\\x1B[31mred"), std::string::npos) << msg.substr(0, 300);
+  EXPECT_LT(msg.size(), 6000u) << msg.substr(0, 300);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GroupSaveTest, testutil::local_backends(), testutil::backend_name);

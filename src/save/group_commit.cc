@@ -19,7 +19,17 @@
 //   5. on failure it puts failed-A.json beside the manifests instead;
 //   6. the others learn the outcome by reading the step's index (committed
 //      with their own data file in it) or failed-A.json, by polling or once
-//      after the barrier "decided".
+//      after the barrier "decided". On POSIX a polling process needs more
+//      than the index: the step is visible from its rename on but committed
+//      only once the base directory's fsync after it succeeded, and should
+//      that fail the coordinator moves the step back (commit.cc, take_back)
+//      and fails it. The coordinator removes the manifests from a step only
+//      after its commit returned, so a process that saw the index, then its
+//      own manifest gone from the step, then the index still there, knows
+//      the step committed (the step did not move away in between: a step
+//      taken back never returns under its attempt). With a barrier the
+//      coordinator arrives at "decided" only after its commit returned; on
+//      object stores the index PUT is the commit, never taken back.
 // A process that dies before step 2 makes the coordinator time out: the step
 // is never committed, and the previous latest step is untouched, since
 // nothing outside <S>.tmp-A/ (or outside the new data-A objects) was written.
@@ -33,12 +43,14 @@
 #include <chrono>
 #include <map>
 #include <set>
+#include <span>
 #include <thread>
 
 #include "src/util/callback.h"
 #include "src/layout/layout.h"
 #include "src/save/manifest.h"
 #include "src/util/log.h"
+#include "src/util/printable.h"
 
 namespace ckptio {
 namespace {
@@ -196,7 +208,8 @@ Result<Index> gather_manifests(const GroupSave& g) {
         if (i < 0 || i >= n || got.count(i) || e.key != key_in(g, manifest_name(g.paths.attempt, i))) continue;
         CKPTIO_ASSIGN_OR_RETURN(Manifest m, read_manifest(g, i));
         if (m.error)  // fail now rather than after the timeout
-          return Status(Code::kFailedPrecondition, "process " + std::to_string(i) + " failed: " + *m.error);
+          return Status(Code::kFailedPrecondition,
+                        "process " + std::to_string(i) + " failed: " + printable(*m.error, kQuotedErrorMax));
         got.emplace(i, std::move(m));
       }
       if (static_cast<int>(got.size()) == n) break;
@@ -218,12 +231,16 @@ Result<Index> gather_manifests(const GroupSave& g) {
   return merge_manifests(std::move(all));
 }
 
+namespace {
+std::span<const std::byte> bytes_of(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+}  // namespace
+
 void announce_outcome(const GroupSave& g, const Status& outcome) {
   if (!outcome.ok()) {
     const std::string text = outcome.to_string();
-    Status st = g.storage.put(key_in(g, failure_name(g.paths.attempt)),
-                              std::span<const std::byte>(reinterpret_cast<const std::byte*>(text.data()),
-                                                         text.size()));
+    Status st = g.storage.put(key_in(g, failure_name(g.paths.attempt)), bytes_of(text));
     if (!st.ok()) logging::warn("ckptio: could not record the failure of step {} for the other processes: {}",
                                g.step, st.to_string());
   }
@@ -231,7 +248,7 @@ void announce_outcome(const GroupSave& g, const Status& outcome) {
     Status b = barrier_wait(g, "decided");
     if (!b.ok()) logging::warn("ckptio: barrier {}: {}", barrier_name(g, "decided"), b.to_string());
   }
-  if (outcome.ok()) {  // the manifests served their purpose
+  if (outcome.ok()) {  // the manifests served their purpose (and tell the others, polling, that it is done)
     for (int i = 0; i < g.group.count; ++i)
       (void)g.storage.remove(g.paths.final_dir + "/" + manifest_name(g.paths.attempt, i));
   }
@@ -259,11 +276,22 @@ Status await_outcome(const GroupSave& g, bool* decided) {
   }
   const std::string ours = group_data_file(g.paths.attempt, g.group.index);
   const std::string failed = key_in(g, failure_name(g.paths.attempt));
+  // Polling on POSIX, the index is not enough (step 6 above).
+  const bool look_twice = g.paths.renames && !g.group.barrier;
+  const std::string own_manifest = g.paths.final_dir + "/" + manifest_name(g.paths.attempt, g.group.index);
+  bool listed_once = false;  // (for the timeout's message)
   Poller poll(g.group);
   for (;;) {
     // Committed: the step's index lists this process's (first) data file (a step
     // committed by an earlier run, which overwrite replaces, does not).
     auto listed = index_lists(g.storage, g.paths.final_dir, ours);
+    if (listed.ok() && *listed && look_twice) {
+      listed_once = true;
+      auto manifest = g.storage.stat(own_manifest);
+      if (manifest.ok()) *listed = false;  // not removed yet: the commit may still be taken back
+      else if (manifest.status().code() == Code::kNotFound) listed = index_lists(g.storage, g.paths.final_dir, ours);
+      else listed = manifest.status();
+    }
     if (!listed.ok()) return listed.status().annotate("read the outcome of step " + std::to_string(g.step));
     if (*listed) {
       *decided = true;
@@ -272,7 +300,8 @@ Status await_outcome(const GroupSave& g, bool* decided) {
     auto why = g.storage.get(failed, 1 << 20);
     if (why.ok()) {
       *decided = true;
-      return Status(Code::kFailedPrecondition, "the coordinator (process 0) failed the step: " + *why);
+      return Status(Code::kFailedPrecondition,
+                    "the coordinator (process 0) failed the step: " + printable(*why, kQuotedErrorMax));
     }
     if (why.status().code() != Code::kNotFound)
       return why.status().annotate("read the outcome of step " + std::to_string(g.step));
@@ -284,7 +313,10 @@ Status await_outcome(const GroupSave& g, bool* decided) {
                                             std::to_string(static_cast<int>(g.group.timeout_seconds)) +
                                             " s waiting for the coordinator (process 0) to commit step " +
                                             std::to_string(g.step) +
-                                            " (it may still commit it: this process's data files are kept)");
+                                            (listed_once ? " (its index appeared, but process 0 never confirmed "
+                                                           "the commit durable: this process's data files are kept)"
+                                                         : " (it may still commit it: this process's data files "
+                                                           "are kept)"));
     poll.sleep();
   }
 }

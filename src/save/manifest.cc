@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "src/util/json_free.h"
+#include "src/util/printable.h"
 
 namespace ckptio {
 namespace {
@@ -220,7 +221,8 @@ Result<Index> merge_manifests(std::vector<Manifest> manifests) {
   for (const Manifest& m : manifests)
     if (m.error)
       return Status(Code::kFailedPrecondition,
-                    "process " + std::to_string(m.process_index) + " failed: " + *m.error);
+                    "process " + std::to_string(m.process_index) +
+                        " failed: " + printable(*m.error, kQuotedErrorMax));
   Index out;
   struct Merged {
     size_t prefix = 0, leaf = 0;

@@ -30,6 +30,11 @@ struct Manifest {
   Index index;  // this process's leaves and data files; metadata_json unused
 };
 
+// At most this much of another process's error (a manifest's, a failure
+// record's) is quoted in this process's, through printable(): it was read
+// from the storage.
+inline constexpr size_t kQuotedErrorMax = 4096;
+
 std::string serialize_manifest(const Manifest& m);
 // kDataLoss naming the problem (the index parser's location, or the field).
 Result<Manifest> parse_manifest(std::string_view json);

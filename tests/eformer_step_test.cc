@@ -38,6 +38,7 @@
 #include "src/util/iso8601.h"
 #include "testutil/backend_fixture.h"
 #include "testutil/forwarding_storage.h"
+#include "testutil/random_bytes.h"
 #include "testutil/eformer_steps.h"
 #include "testutil/s3_store.h"
 
@@ -634,6 +635,140 @@ for path, name in [("model/layers/0/kernel", "model/layers.0.kernel"), ("model/l
   const std::string cmd = "/usr/bin/python3 '" + (work_ / "check.py").string() + "' '" + (dir_ / "back-200").string() +
                           "' '" + (fixture_ / "expected").string() + "' >'" + (work_ / "check.log").string() + "' 2>&1";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << "zarr-python on what ckptio wrote: " << read_file(work_ / "check.log");
+}
+
+// A conversion into the ckptio layout writes one data file of every leaf:
+// on S3 (5 MiB parts in the tests) one larger than a part must be announced
+// as such, or the backend takes it for a single PUT and refuses the second
+// range. Before, every such conversion on S3 failed ("a single-part object
+// must be written in one range"). Back to eformer too, bit-exact.
+TEST_P(EformerStepTest, AConversionLargerThanAnS3PartIsWrittenInParts) {
+  ManagerOptions eo;
+  eo.layout = "eformer";
+  eo.step_format = "big-{step}";
+  // 3 leaves of 4 MiB (random: zstd keeps their size), and an odd one.
+  std::vector<std::string> bytes;
+  auto random_string = [](size_t n, uint64_t seed) {
+    const auto b = testutil::random_bytes(n, seed);
+    return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+  };
+  for (int i = 0; i < 3; ++i) bytes.push_back(random_string(4 << 20, 300 + i));
+  bytes.push_back(random_string(3 * 1001, 310));
+  std::vector<LeafView> state;
+  for (int i = 0; i < 3; ++i)
+    state.push_back(LeafView::full("model", "w" + std::to_string(i), DType::kFloat32, {1024, 1024}, bytes[i].data()));
+  state.push_back(LeafView::full("tx", "odd", DType::kUInt8, {3, 1001}, bytes[3].data()));
+  auto h = manager(eo)->save(5, state);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+  CopyOptions to_ckptio = to_ckptio_as_conv();
+  to_ckptio.src_step_format = "big-{step}";
+  auto c = copy_step(*base_, *base_, 5, to_ckptio);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  CopyOptions back;
+  back.format = "eformer";
+  back.src_step_format = "conv-{step}";
+  back.dst_step_format = "back-{step}";
+  auto b = copy_step(*base_, *base_, 5, back);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  for (const char* format : {"conv-{step}", "back-{step}"}) {
+    ManagerOptions o;
+    o.step_format = format;
+    auto r = manager(o)->restore(5);
+    ASSERT_TRUE(r.ok()) << format << ": " << r.status().to_string();
+    ASSERT_EQ(r->leaves.size(), 4u);
+    for (const Tensor& t : r->leaves) {
+      const size_t i = t.prefix == "tx" ? 3 : static_cast<size_t>(t.path[1] - '0');
+      EXPECT_TRUE(bytes_of(t.data) == bytes[i]) << format << " " << t.prefix << "/" << t.path;
+    }
+  }
+}
+
+// A copy must not take a step it cannot replace for absent, nor remove one
+// it then fails to write. On an object store an eformer step has no atomic
+// replacement (the old one goes first, format.md §7), so a conversion in
+// place and a state eformer's layout cannot hold are refused before
+// anything is removed; a step in eformer's layout at the destination stops
+// a copy without overwrite (an index PUT would have shadowed it).
+TEST_P(EformerStepTest, ACopyNeitherHidesNorRemovesAStepItCannotReplace) {
+  const std::string want = expected(200, "model/embed");
+  auto step_200_is_eformers = [&](const char* where) {
+    auto index = manager()->read_index(200);
+    ASSERT_TRUE(index.ok()) << where << ": " << index.status().to_string();
+    EXPECT_EQ(index->layout, "eformer") << where;
+    auto r = manager()->restore(200);
+    ASSERT_TRUE(r.ok()) << where << ": " << r.status().to_string();
+    for (const Tensor& t : r->leaves)
+      if (t.prefix + "/" + t.path == "model/embed") EXPECT_TRUE(bytes_of(t.data) == want) << where;
+  };
+  // A ckptio step 200 elsewhere, copied onto run-200 (eformer's) without overwrite.
+  ASSERT_TRUE(copy_step(*base_, *base_, 200, to_ckptio_as_conv()).ok());
+  CopyOptions onto;
+  onto.src_step_format = "conv-{step}";
+  auto c = copy_step(*base_, *base_, 200, onto);
+  EXPECT_EQ(c.status().code(), Code::kAlreadyExists) << c.status().to_string();
+  EXPECT_NE(c.status().message().find("in the eformer layout"), std::string::npos) << c.status().to_string();
+  step_200_is_eformers("after a copy without overwrite");
+  onto.format = "ckptio";  // (a conversion's own check)
+  EXPECT_EQ(copy_step(*base_, *base_, 200, onto).status().code(), Code::kAlreadyExists);
+  step_200_is_eformers("after a conversion without overwrite");
+
+  // Leaves eformer cannot hold side by side ("a" and "a.b": one directory
+  // inside the other's), converted onto run-200 with overwrite.
+  ManagerOptions co;
+  co.step_format = "odd-{step}";
+  const float x[2] = {1, 2};
+  auto h = manager(co)->save(200, {LeafView::full("model", "a", DType::kFloat32, {2}, x),
+                                   LeafView::full("model", "a.b", DType::kFloat32, {2}, x)});
+  ASSERT_TRUE(h.ok() && h->wait().ok());
+  CopyOptions odd;
+  odd.format = "eformer";
+  odd.overwrite = true;
+  odd.src_step_format = "odd-{step}";
+  c = copy_step(*base_, *base_, 200, odd);
+  EXPECT_EQ(c.status().code(), Code::kInvalidArgument) << c.status().to_string();
+  EXPECT_NE(c.status().message().find("lies inside array"), std::string::npos) << c.status().to_string();
+  step_200_is_eformers("after a conversion of leaves eformer cannot hold");
+
+  // In place: run-200 onto itself, re-encoded, with overwrite.
+  CopyOptions in_place;
+  in_place.format = "eformer";
+  in_place.overwrite = true;
+  c = copy_step(*base_, *base_, 200, in_place);
+  if (base_->caps().atomic_rename) {
+    EXPECT_TRUE(c.ok()) << c.status().to_string();  // a stage directory, then an exchange
+  } else {
+    EXPECT_EQ(c.status().code(), Code::kInvalidArgument) << c.status().to_string();
+    EXPECT_NE(c.status().message().find("in place"), std::string::npos) << c.status().to_string();
+  }
+  step_200_is_eformers("after a conversion in place");
+}
+
+// An index PUT whose answer was lost, and the index unreadable after: the
+// step may be committed, so the conversion must leave its data file (gc
+// removes it if no index names it). Before, it was deleted: the step, once
+// the storage answered again, restored as data loss.
+TEST_P(EformerStepTest, AConversionWhoseCommitIsUnknownLeavesItsData) {
+  if (base_->caps().atomic_rename) return;  // (a file system commits with the rename, not a PUT)
+  faults_->add_rule(FaultRule{.op = FaultOp::kPut, .key_substr = "conv-200/ckptio_index.json",
+                              .code = Code::kUnavailable, .after = true});
+  faults_->set_hook([this](FaultOp op, const std::string& key) {  // from the index PUT on, no GET of it answers
+    if (op == FaultOp::kPut && key.find("conv-200/ckptio_index.json") != std::string::npos)
+      faults_->add_rule(FaultRule{.op = FaultOp::kGet, .key_substr = "conv-200/ckptio_index.json",
+                                  .code = Code::kUnavailable});
+  });
+  auto c = copy_step(*base_, *faults_, 200, to_ckptio_as_conv());
+  faults_->set_hook(nullptr);
+  faults_->clear_rules();
+  ASSERT_FALSE(c.ok());
+  ManagerOptions o;
+  o.step_format = "conv-{step}";
+  auto m = manager(o);
+  EXPECT_NE(c.status().message().find("may or may not be committed"), std::string::npos) << c.status().to_string();
+  auto r = m->restore(200);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  for (const Tensor& t : r->leaves)
+    EXPECT_TRUE(bytes_of(t.data) == expected(200, t.prefix + "/" + t.path)) << t.prefix << "/" << t.path;
 }
 
 // A conversion of a ckptio step the page cache holds compresses its shards

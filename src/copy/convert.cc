@@ -324,8 +324,18 @@ Result<CopyStats> to_ckptio(Storage& src, const std::string& src_dir, const Inde
   out.created_unix_ns = index.created_unix_ns ? index.created_unix_ns : unix_ns_now();
   out.metadata_json = canonical_metadata(index.metadata_json);
   const auto t0 = Clock::now();
+  bool outcome_unknown = false;
+  // The size announced to the backend: every leaf, and at most 15 bytes of
+  // alignment before each (S3 writes an object larger than one part as a
+  // multipart upload only when told so up front).
+  uint64_t size_hint = 0;
+  for (const PrefixRecord& p : index.prefixes)
+    for (const LeafRecord& l : p.leaves) {  // (saturating: an impossible size fails the create)
+      const uint64_t n = l.num_bytes(), add = n > UINT64_MAX - 15 ? UINT64_MAX : n + dtype_alignment(l.dtype) - 1;
+      size_hint = add > UINT64_MAX - size_hint ? UINT64_MAX : size_hint + add;
+    }
   auto commit = [&]() -> Status {
-    CKPTIO_ASSIGN_OR_RETURN(auto obj, dst.create_new(paths.stage_dir + "/" + file, 0));
+    CKPTIO_ASSIGN_OR_RETURN(auto obj, dst.create_new(paths.stage_dir + "/" + file, size_hint));
     DataFileWriter w(std::move(obj), copy_chunk_size(dst, o.chunk_size));
     std::map<std::string, size_t> prefix_at;
     CKPTIO_RETURN_IF_ERROR(for_each_group(src, src_dir, index, o.max_memory ? o.max_memory : kDefaultMaxMemory,
@@ -358,15 +368,14 @@ Result<CopyStats> to_ckptio(Storage& src, const std::string& src_dir, const Inde
     if (auto back = parse_index(text); !back.ok())
       return back.status().annotate("internal: the converted index of step " + std::to_string(index.step) +
                                     " fails to parse");
-    bool unknown = false;
-    Status st = commit_attempt(dst, paths, text, o.overwrite, &unknown);
+    Status st = commit_attempt(dst, paths, text, o.overwrite, &outcome_unknown);
     stats.commit_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
-    if (!st.ok() && unknown) return st;  // the index may be there: leave the data for gc
     return st;
   };
   Status st = commit();
   if (!st.ok()) {
-    discard_attempt(dst, paths, {file});
+    // Unless the index may be there (then the data is left for gc).
+    if (!outcome_unknown) discard_attempt(dst, paths, {file});
     return st;
   }
   return stats;
@@ -436,12 +445,29 @@ Result<CopyStats> to_eformer(Storage& src, const std::string& src_dir, const Ind
   wo.overwrite = o.overwrite;
   wo.extra_metadata_json = metadata_without(canonical_metadata(index.metadata_json), {"step", "timestamp", "is_temporary"});
   const auto t0 = Clock::now();
+  // What can be refused is refused before the writer starts, which on an
+  // object store removes a step that is there (no atomic replacement,
+  // format.md §7): leaves eformer's layout cannot hold, and a conversion in
+  // place there, which would remove its own source.
+  zarr::EformerArrayLayout layout(wo.compressor, wo.separator);
+  for (const PrefixRecord& p : index.prefixes)
+    for (const LeafRecord& l : p.leaves)
+      CKPTIO_RETURN_IF_ERROR(layout.add(p.name, l.path, l.dtype, l.shape, zarr::regular_chunk_shape(l.shape, l.shards))
+                                 .status());
+  if (o.overwrite && !dst.caps().atomic_rename && src.describe() == dst.describe() && src_dir == dst_dir)
+    return invalid_argument("step " + std::to_string(index.step) + " cannot be converted in place at " +
+                            dst.describe() + "/" + dst_dir + ": an object store has no atomic replacement, so the "
+                            "step would be removed before it is read; copy it to another prefix");
   CKPTIO_ASSIGN_OR_RETURN(auto writer, zarr::EformerStepWriter::start(dst, dst_dir, index.step, wo));
   ArrayIds ids;
   for (const PrefixRecord& p : index.prefixes)
     for (const LeafRecord& l : p.leaves) {
-      CKPTIO_ASSIGN_OR_RETURN(size_t id, writer->add_array(p.name, l.path, l.dtype, l.shape, zarr::regular_chunk_shape(l.shape, l.shards)));
-      ids[{p.name, l.path}] = id;
+      auto id = writer->add_array(p.name, l.path, l.dtype, l.shape, zarr::regular_chunk_shape(l.shape, l.shards));
+      if (!id.ok()) {
+        writer->abort();
+        return id.status();
+      }
+      ids[{p.name, l.path}] = *id;
     }
   uint64_t done = 0;
   // A step the page cache holds is compressed where it lies: no copy into

@@ -68,8 +68,12 @@ Result<std::vector<int64_t>> steps_with_index(Storage& storage, const StepNaming
     if (st.ok()) steps.push_back(d.step);
     else if (st.status().code() != Code::kNotFound) return st.status();
     if (st.ok()) continue;
-    auto eformer = zarr::load_eformer_step(storage, d.name, d.step);  // complete eformer steps count too
-    if (eformer.ok() && eformer->has_value()) steps.push_back(d.step);
+    // Complete eformer steps count too, and damaged ones (read_source then
+    // reports the damage: never passed over in silence).
+    auto eformer = zarr::load_eformer_step(storage, d.name, d.step);
+    if (eformer.ok() ? eformer->has_value() : eformer.status().data_loss()) steps.push_back(d.step);
+    else if (!eformer.ok() && eformer.status().code() != Code::kNotFound)  // (incomplete: not a step)
+      return eformer.status().annotate("read " + storage.describe() + "/" + d.name);
   }
   return steps;
 }
@@ -114,13 +118,23 @@ enum class AtDestination { kAbsent, kIdentical, kDifferent, kDamaged };
 struct DestinationState {
   AtDestination what = AtDestination::kAbsent;
   std::string why;  // kDamaged: the parse error
+  bool eformer = false;  // a step in eformer's layout (no ckptio index)
 };
 
 Result<DestinationState> inspect_destination(Storage& dst, const std::string& dir, const Index& src) {
   auto text = dst.get(index_key(dir), IndexLimits{}.max_bytes);
   if (!text.ok()) {
-    if (text.status().code() == Code::kNotFound) return DestinationState{};
-    return text.status().annotate("read " + dst.describe() + "/" + index_key(dir));
+    if (text.status().code() != Code::kNotFound)
+      return text.status().annotate("read " + dst.describe() + "/" + index_key(dir));
+    // A step eformer wrote is as committed as one with an index (an object
+    // store's index PUT would not see it, and would shadow it).
+    auto eformer = zarr::load_eformer_step(dst, dir, src.step);
+    if (eformer.ok() && eformer->has_value()) return DestinationState{AtDestination::kDifferent, "", true};
+    if (!eformer.ok() && eformer.status().data_loss())
+      return DestinationState{AtDestination::kDamaged, eformer.status().message(), true};
+    if (!eformer.ok() && eformer.status().code() != Code::kNotFound)
+      return eformer.status().annotate("read " + dst.describe() + "/" + dir);
+    return DestinationState{};
   }
   auto index = parse_index(*text);
   if (!index.ok()) return DestinationState{AtDestination::kDamaged, index.status().to_string()};
@@ -132,8 +146,9 @@ std::string already_there(Storage& dst, const std::string& dir, int64_t step,
   std::string s = "step " + std::to_string(step) + " is already committed at " + dst.describe() +
                   "/" + dir;
   if (d.what == AtDestination::kIdentical) s += " (the same step)";
-  if (d.what == AtDestination::kDifferent) s += " with different contents";
-  if (d.what == AtDestination::kDamaged) s += " with a damaged index (" + d.why + ")";
+  if (d.eformer) s += " in the eformer layout";
+  if (d.what == AtDestination::kDifferent && !d.eformer) s += " with different contents";
+  if (d.what == AtDestination::kDamaged) s += d.eformer ? " and damaged (" + d.why + ")" : " with a damaged index (" + d.why + ")";
   return s;
 }
 

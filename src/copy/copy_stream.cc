@@ -378,6 +378,9 @@ class StreamCopy : public ReadConsumer {
 uint64_t copy_chunk_size(const Storage& dst, uint64_t requested) {
   const uint64_t unit = std::lcm(std::max<uint64_t>(dst.write_granularity(), 1), kAlign);
   const uint64_t want = requested ? requested : kDefaultChunk;
+  // (Rounding up a size near 2^64 would wrap to 0: the largest multiple
+  // instead, which no memory bound holds twice, so plan_buffers refuses it.)
+  if (want > UINT64_MAX - (unit - 1)) return UINT64_MAX / unit * unit;
   return (want + unit - 1) / unit * unit;
 }
 

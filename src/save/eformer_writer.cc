@@ -407,31 +407,40 @@ Result<std::unique_ptr<EformerStepWriter>> EformerStepWriter::start(Storage& sto
   return writer;
 }
 
-Result<size_t> EformerStepWriter::add_array(const std::string& prefix, const std::string& path, DType dtype,
-                                            Shape shape, Shape chunks) {
+Result<EformerArrayLayout::Array> EformerArrayLayout::add(const std::string& prefix, const std::string& path,
+                                                          DType dtype, Shape shape, Shape chunks) {
   const std::string name = prefix.empty() ? path : prefix + "/" + path;
   if (path.empty() || path.find('/') != std::string::npos || prefix.find('/') != std::string::npos)
     return invalid_argument("array " + name + ": prefix and path are dotted key paths (no '/'; path not empty)");
-  Impl& s = *impl_;
-  auto z = make_zarray(std::move(shape), std::move(chunks), dtype, s.options.compressor, s.options.separator);
+  auto z = make_zarray(std::move(shape), std::move(chunks), dtype, compressor_, separator_);
   if (!z.ok()) return z.status().annotate("array " + name);
   if (z->num_chunks > kMaxChunksPerArray)
     return invalid_argument("array " + name + ": " + std::to_string(z->num_chunks) + " chunks (at most 2^32)");
   auto dir = array_dir_of_key_path(prefix.empty() ? path : prefix + "." + path);
   if (!dir.ok()) return invalid_argument("array " + name + ": " + dir.status().message());
+  // No array's directory may equal or lie inside another's.
+  auto clash = names_by_dir_.lower_bound(*dir);
+  if (clash != names_by_dir_.end() && (clash->first == *dir || clash->first.starts_with(*dir + "/")))
+    return invalid_argument("array " + name + ": its directory " + *dir + " holds array " + clash->second + "'s");
+  for (std::string up = parent_of(*dir); !up.empty(); up = parent_of(up))
+    if (auto it = names_by_dir_.find(up); it != names_by_dir_.end())
+      return invalid_argument("array " + name + ": its directory " + *dir + " lies inside array " + it->second +
+                              "'s");
+  names_by_dir_.emplace(*dir, name);
+  return Array{std::move(*z), std::move(*dir)};
+}
+
+Result<size_t> EformerStepWriter::add_array(const std::string& prefix, const std::string& path, DType dtype,
+                                            Shape shape, Shape chunks) {
+  Impl& s = *impl_;
   std::lock_guard lock(s.mu);
   if (s.state != Impl::State::kOpen) return Status(Code::kFailedPrecondition, "add_array after commit or abort");
-  // No array's directory may equal or lie inside another's.
-  auto clash = s.by_dir.lower_bound(*dir);
-  if (clash != s.by_dir.end() && (clash->first == *dir || clash->first.starts_with(*dir + "/")))
-    return invalid_argument("array " + name + ": its directory " + *dir + " holds array " +
-                            s.arrays[clash->second].name() + "'s");
-  for (std::string up = parent_of(*dir); !up.empty(); up = parent_of(up))
-    if (auto it = s.by_dir.find(up); it != s.by_dir.end())
-      return invalid_argument("array " + name + ": its directory " + *dir + " lies inside array " +
-                              s.arrays[it->second].name() + "'s");
+  CKPTIO_ASSIGN_OR_RETURN(EformerArrayLayout::Array laid, s.layout.add(prefix, path, dtype, std::move(shape),
+                                                                        std::move(chunks)));
+  // (A throw from here on leaves the leaf's directory taken and no array:
+  // the caller's save fails on the exception anyway.)
   const size_t id = s.arrays.size();
-  Impl::Array a{prefix, path, *dir, std::move(*z), {}, 0};
+  Impl::Array a{prefix, path, std::move(laid.dir), std::move(laid.z), {}, 0};
   a.written.assign(a.z.num_chunks, false);
   const std::string key = s.key_of(a.dir + "/.zarray");
   const std::string text = serialize_zarray(a.z);
@@ -440,7 +449,6 @@ Result<size_t> EformerStepWriter::add_array(const std::string& prefix, const std
                   },
                   0};
   s.arrays.push_back(std::move(a));
-  s.by_dir.emplace(*dir, id);  // (a throw here leaves an array no chunk is written to: commit refuses it)
   s.io_q.push_back(std::move(put));
   ++s.outstanding;  // after what may throw: drain() waits for queued jobs only
   s.io_cv.notify_one();

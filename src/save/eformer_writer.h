@@ -68,6 +68,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -102,6 +103,27 @@ struct EformerWriteOptions {
   // a manager's save passes the one it registered as in flight, which gc
   // spares; "" draws a new one.
   std::string attempt;
+};
+
+// The arrays of one step as add_array() checks them, with no writer and no
+// storage: a caller that must refuse a state before it touches the storage
+// (a conversion that replaces a step on an object store, where the old step
+// goes first) lays its leaves out here.
+class EformerArrayLayout {
+ public:
+  EformerArrayLayout(Compressor compressor, char separator) : compressor_(compressor), separator_(separator) {}
+  struct Array {
+    ZArray z;
+    std::string dir;  // "model/layers/0/kernel"
+  };
+  // What add_array() returns for the leaf (kInvalidArgument), or its array;
+  // the leaf is then part of the layout.
+  Result<Array> add(const std::string& prefix, const std::string& path, DType dtype, Shape shape, Shape chunks);
+
+ private:
+  Compressor compressor_;
+  char separator_;
+  std::map<std::string, std::string> names_by_dir_;  // "prefix/path" of each array's directory
 };
 
 class EformerStepWriter {

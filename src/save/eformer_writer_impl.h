@@ -68,7 +68,7 @@ struct EformerStepWriter::Impl {
   std::mutex mu;
   std::condition_variable encode_cv, io_cv, progress_cv;
   std::vector<Array> arrays;
-  std::map<std::string, size_t> by_dir;
+  EformerArrayLayout layout{options.compressor, options.separator};  // (after options)
   std::deque<EncodeJob> encode_q;
   std::deque<IoJob> io_q;
   uint64_t pending = 0;      // bytes of chunk buffers held (queued, encoding, writing)

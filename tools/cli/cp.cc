@@ -143,7 +143,8 @@ void add_cp(CLI::App& app, const GlobalOptions& g, Command* run) {
       ->excludes(step);
   sub->add_flag("--overwrite", o->overwrite,
                 "Replace steps committed at DST (atomically; on object stores the replaced data "
-                "objects are left for gc)");
+                "objects are left for gc, but a step in eformer's layout there is removed before "
+                "the new one is written: docs/format.md section 7)");
   sub->add_option("--memory", o->memory,
                   "SIZE bound on the copy's buffers (default 256MiB; must hold two chunks, "
                   "--chunk-size rounded up to DST's write unit, e.g. the S3 part size)");

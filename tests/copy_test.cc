@@ -595,6 +595,12 @@ TEST_P(CopyTest, MemoryBoundMustHoldTwoChunks) {
   auto refused = copy_step(*src_, *dst_, 1, o);
   EXPECT_EQ(refused.status().code(), Code::kInvalidArgument) << refused.status().to_string();
   EXPECT_TRUE(everything(*dst_).empty());
+  // A chunk size that rounding up to the write unit would wrap to 0 (it
+  // divided by zero: SIGFPE).
+  o.chunk_size = UINT64_MAX;
+  refused = copy_step(*src_, *dst_, 1, o);
+  EXPECT_EQ(refused.status().code(), Code::kInvalidArgument) << refused.status().to_string();
+  o.chunk_size = 64 * 1024;
   o.max_memory = 2 * 64 * 1024;  // two buffers: one reading, one writing
   auto ok = copy_step(*src_, *dst_, 1, o);
   ASSERT_TRUE(ok.ok()) << ok.status().to_string();

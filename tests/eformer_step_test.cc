@@ -744,6 +744,23 @@ TEST_P(EformerStepTest, ACopyNeitherHidesNorRemovesAStepItCannotReplace) {
   step_200_is_eformers("after a conversion in place");
 }
 
+// cp of the latest step, or of all, never passes over a damaged eformer
+// step in silence, as for a damaged ckptio index (copy.h). Before, the
+// newest step, damaged, was left out: cp copied step 100 and exited 0.
+TEST_P(EformerStepTest, ACopyDoesNotPassOverADamagedEformerStep) {
+  edit_json("run-200/tensorstore_index.json", [](nlohmann::json& j) {
+    for (auto& a : j["prefixes"]["model"])
+      if (a["path"] == "model/embed") a["shape"][0] = a["shape"][0].get<int64_t>() + 1;  // not its .zarray's
+  });
+  auto latest = copy_step(*base_, *base_, std::nullopt, to_ckptio_as_conv());
+  EXPECT_EQ(latest.status().code(), Code::kDataLoss) << latest.status().to_string();
+  auto all = copy_all_steps(*base_, *base_, to_ckptio_as_conv());
+  EXPECT_EQ(all.status().code(), Code::kDataLoss) << all.status().to_string();
+  ManagerOptions o;
+  o.step_format = "conv-{step}";
+  EXPECT_EQ(manager(o)->all_steps().value(), std::vector<int64_t>{});
+}
+
 // An index PUT whose answer was lost, and the index unreadable after: the
 // step may be committed, so the conversion must leave its data file (gc
 // removes it if no index names it). Before, it was deleted: the step, once

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,7 +25,11 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -574,6 +579,42 @@ TEST(LocalReadPlan, PiecesTileTheRequestAligned) {
 }
 
 // ---- ring mechanics ----------------------------------------------------------
+
+// Makes io_uring_setup fail with EPERM on the calling thread from now on, as
+// a container's default seccomp profile does (x86-64 and arm64 syscall
+// numbers alike). False if the kernel refuses the filter.
+bool refuse_io_uring_setup() {
+  sock_filter f[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog prog{static_cast<unsigned short>(sizeof f / sizeof f[0]), f};
+  return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
+// A ring the kernel refuses (a container's seccomp profile,
+// kernel.io_uring_disabled) fails the storage's creation, saying why, and
+// touches no descriptor of the process. Before, the failed ring's teardown
+// called io_uring_queue_exit on a ring never set up, which closed fd 0 (its
+// ring_fd): the next file opened took fd 0, and the next failure closed it.
+// (In a child: the filter cannot be taken back.)
+TEST(LocalRing, ARefusedRingClosesNoDescriptorOfTheProcess) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("ckptio-noring-" + std::to_string(::getpid()))).string();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        if (::fcntl(0, F_GETFD) == -1 && ::open("/dev/null", O_RDONLY) != 0) std::_Exit(5);  // fd 0 open
+        if (!refuse_io_uring_setup()) std::_Exit(2);
+        auto s = make_local_storage(dir);
+        if (s.ok()) std::_Exit(3);
+        if (s.status().message().find("io_uring refused") == std::string::npos) std::_Exit(4);
+        std::_Exit(::fcntl(0, F_GETFD) == -1 ? 6 : 0);
+      },
+      ::testing::ExitedWithCode(0), "");
+  std::filesystem::remove_all(dir);
+}
 
 TEST(LocalRing, ShortReadsAndWritesAreCompleted) {
   // A pipe hands out what has arrived, so reads come back short; the ring must

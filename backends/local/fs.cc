@@ -53,7 +53,13 @@ Status make_dirs(const std::string& root, std::string_view rel) {
     path = join_path(path, rel.substr(start, end - start));
     start = end + 1;
     if (::mkdir(path.c_str(), 0755) == 0) {
-      CKPTIO_RETURN_IF_ERROR(fsync_dir(parent));
+      if (Status st = fsync_dir(parent); !st.ok()) {
+        // Not left behind: a retry would find it there and take it for
+        // durable. (Unless another thread put something in it meanwhile;
+        // the commit's own fsyncs of the stage and the base cover a step.)
+        (void)::rmdir(path.c_str());
+        return st;
+      }
     } else if (errno != EEXIST) {
       return Status::from_errno(errno, "mkdir " + path);
     }

@@ -35,7 +35,11 @@ Result<std::unique_ptr<Ring>> Ring::create(unsigned queue_depth) {
   // The CQ is twice the SQ by default; outstanding operations never exceed
   // the SQ size, so neither ring can overflow.
   int rc = io_uring_queue_init_params(queue_depth, &r->ring_, &params);
-  if (rc < 0) return Status::from_errno(-rc, "io_uring_queue_init(" + std::to_string(queue_depth) + ")");
+  if (rc < 0)
+    return Status::from_errno(-rc, "io_uring_queue_init(" + std::to_string(queue_depth) +
+                                       ")" + (rc == -EPERM ? " (io_uring refused: a container's seccomp profile, "
+                                                             "or kernel.io_uring_disabled)" : ""));
+  r->ring_ready_ = true;
   r->ext_arg_ = (params.features & IORING_FEAT_EXT_ARG) != 0;
   try {
     // The completion thread collects finished operations without
@@ -54,8 +58,10 @@ Result<std::unique_ptr<Ring>> Ring::create(unsigned queue_depth) {
 }
 
 Ring::~Ring() {
-  if (!thread_.joinable()) {  // create() failed to start the thread
-    io_uring_queue_exit(&ring_);
+  if (!thread_.joinable()) {  // create() failed to start the thread, or the ring
+    // (A ring never set up holds ring_fd 0: io_uring_queue_exit would close
+    // the process's fd 0.)
+    if (ring_ready_) io_uring_queue_exit(&ring_);
     return;
   }
   std::unique_lock lock(mu_);

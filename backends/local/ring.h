@@ -85,6 +85,7 @@ class Ring {
 
   const unsigned depth_;
   io_uring ring_{};
+  bool ring_ready_ = false;  // io_uring_queue_init succeeded
   bool ext_arg_ = false;  // the kernel waits with a timeout without an SQE
   std::vector<Pending*> finished_;  // the completion thread's, reserved for depth_
   std::thread thread_;

@@ -219,21 +219,33 @@ Status LocalWriter::fsync_through_ring() {
 }
 
 Status LocalWriter::finish(uint64_t final_size) {
-  Status st;
   {
     std::unique_lock lock(mu_);
     wait_idle(lock);
     if (closed_) return Status(Code::kFailedPrecondition, "finish " + path_ + ": object already finished or aborted");
-    closed_ = true;
-    st = first_error_;
+    closed_ = true;  // (no write runs any more: first_error_ is ours to read)
   }
+  // The descriptor and the temporary are this call's now, and the
+  // destructor leaves them alone: closed, and removed unless renamed, on
+  // every way out, also when what allocates below throws (the error texts,
+  // the fsync's submission).
+  struct Unwind {
+    LocalWriter& w;
+    bool fd_open = true, renamed = false;
+    ~Unwind() {
+      if (fd_open) ::close(w.fd_);
+      if (!renamed) ::unlink(w.temp_.c_str());
+    }
+  } unwind{*this};
+  Status st = first_error_;
   if (st.ok() && ::ftruncate(fd_, static_cast<off_t>(final_size)) != 0)
     st = Status::from_errno(errno, "truncate " + path_ + " to " + std::to_string(final_size) + " bytes");
   if (st.ok()) st = fsync_through_ring();
+  unwind.fd_open = false;
   if (::close(fd_) != 0 && st.ok()) st = Status::from_errno(errno, "close " + path_);
   if (st.ok() && ::rename(temp_.c_str(), path_.c_str()) != 0)
     st = Status::from_errno(errno, "rename " + temp_ + " to " + path_);
-  if (!st.ok()) ::unlink(temp_.c_str());
+  unwind.renamed = st.ok();
   return st;
 }
 

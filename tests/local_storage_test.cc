@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <new>
 #include <random>
@@ -43,6 +44,7 @@
 #include "backends/local/ring.h"
 #include "backends/local/writer.h"
 #include "ckptio/local.h"
+#include "ckptio/manager.h"
 #include "ckptio/storage.h"
 
 namespace ckptio {
@@ -840,6 +842,38 @@ TEST_F(LocalStorageTest, SyncAndDescribe) {
 }
 
 // ---- error mapping -----------------------------------------------------------
+
+// A FIFO planted where ckptio reads a file (an index, a data file): the
+// open of a FIFO waits for a writer, so discovery, restore and cp hung for
+// ever. Now refused as damage, at once, through every way a key is opened.
+TEST_F(LocalStorageTest, AFifoInsideTheCheckpointIsRefusedWithoutWaiting) {
+  auto storage = open();
+  ASSERT_EQ(::mkdir((dir_ + "/root/run-7").c_str(), 0755), 0);
+  const std::string fifo = dir_ + "/root/run-7/ckptio_index.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  auto within = [&](const char* what, auto&& call) {
+    auto f = std::async(std::launch::async, call);
+    if (f.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+      ADD_FAILURE() << what << " blocked on the FIFO";
+      const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // lets it go
+      if (w >= 0) ::close(w);
+    }
+    return f.get();
+  };
+  Status got = within("get", [&] { return storage->get("run-7/ckptio_index.json", 1 << 20).status(); });
+  EXPECT_EQ(got.code(), Code::kDataLoss) << got.to_string();
+  EXPECT_NE(got.message().find("FIFO"), std::string::npos) << got.to_string();
+  Status read = within("read", [&] {
+    std::vector<std::byte> buf(16);
+    ReadRequest r{"run-7/ckptio_index.json", 0, buf.size(), buf.data()};
+    return storage->read(std::span(&r, 1));
+  });
+  EXPECT_EQ(read.code(), Code::kDataLoss) << read.to_string();
+  CheckpointManager manager(storage, {});
+  auto latest = within("latest_step", [&] { return manager.latest_step(); });  // damaged: passed over
+  ASSERT_TRUE(latest.ok()) << latest.status().to_string();
+  EXPECT_FALSE(latest->has_value());
+}
 
 TEST_F(LocalStorageTest, FileWhereDirectoryExpectedIsNotDir) {
   auto s = open();

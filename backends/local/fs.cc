@@ -134,12 +134,33 @@ Result<UniqueFd> open_beneath(const std::string& root, std::string_view key, int
     if (err_out) *err_out = e;
     return st;
   };
+  // A read never waits on what is not a file: the open of a FIFO blocks
+  // until a writer comes (discovery, restore and cp hung on one planted in a
+  // step). Opened without blocking, refused unless a file or a directory,
+  // then blocking again (on a file, O_NONBLOCK would make io_uring answer
+  // -EAGAIN instead of waiting for the disk).
+  const bool plain_read = (flags & (O_PATH | O_DIRECTORY)) == 0 && (flags & O_ACCMODE) == O_RDONLY;
+  if (plain_read) flags |= O_NONBLOCK;
   // O_PATH | O_NOFOLLOW opens a trailing link itself instead of failing.
   auto checked = [&](int fd) -> Result<UniqueFd> {
     UniqueFd opened(fd);
     struct stat st;
     if ((flags & O_PATH) && ::fstat(opened.get(), &st) == 0 && S_ISLNK(st.st_mode))
       return failed(ELOOP, link_refused(path));
+    if (plain_read) {
+      if (::fstat(opened.get(), &st) != 0) {
+        const int e = errno;
+        return failed(e, Status::from_errno(e, "stat " + path));
+      }
+      if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode))
+        return failed(ENXIO, data_loss("open " + path + ": neither a file nor a directory (a FIFO, socket or "
+                                       "device inside the checkpoint)"));
+      const int fl = ::fcntl(opened.get(), F_GETFL);
+      if (fl == -1 || ::fcntl(opened.get(), F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        const int e = errno;
+        return failed(e, Status::from_errno(e, "fcntl " + path));
+      }
+    }
     return opened;
   };
   UniqueFd dir(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));

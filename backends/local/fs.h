@@ -59,6 +59,8 @@ Status read_fully(int fd, std::byte* dst, uint64_t len, uint64_t offset, const s
 // a checkpoint"); other failures map from errno ("open <path>: ...").
 // `flags` are open(2) flags (O_RDONLY, O_DIRECT, O_PATH...); O_CLOEXEC is
 // added. On failure `*err` (when given) is the errno, or ELOOP for a link.
+// A read-only open of anything but a file or a directory (a FIFO, whose
+// open would block, a socket, a device) is kDataLoss (`*err` ENXIO).
 // Beneath::kWalk skips openat2 (tests of the fallback).
 enum class Beneath { kAuto, kWalk };
 Result<UniqueFd> open_beneath(const std::string& root, std::string_view key, int flags, int* err = nullptr,

@@ -406,6 +406,33 @@ TEST_P(GroupSaveTest, ASaveRefusedOnTheCoordinatorFailsTheOthersAtOnce) {
   expect_step(13, state);
 }
 
+// A save its caller refused before the call (a binding that cannot convert
+// the state: CheckpointManager::refused_save) counts as one save() refused:
+// the others fail the attempt at once, on either side, and the step saved
+// again has one attempt id everywhere.
+TEST_P(GroupSaveTest, ASaveItsCallerRefusedCountsAsARefusedSave) {
+  const auto state = global_state(17);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 2; ++p) states.push_back(process_state(state, mesh_, p, 2));
+  Managers ms = managers(options_for(2, /*timeout=*/30));
+  for (int refuser : {1, 0}) {
+    const int64_t step = 20 + refuser;
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(ms[refuser]->refused_save(step, invalid_argument("the binding cannot read leaf x")).ok());
+    auto h = ms[1 - refuser]->save(step, states[1 - refuser].leaves, {});
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    const Status out = h->wait();
+    EXPECT_EQ(out.code(), Code::kFailedPrecondition) << out.to_string();
+    EXPECT_NE(out.message().find("the binding cannot read leaf x"), std::string::npos) << out.to_string();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20)) << "waited for the timeout";
+    for (const Status& st : save_all(step, states, ms)) EXPECT_TRUE(st.ok()) << st.to_string();
+    expect_step(step, state);
+  }
+  // A single process has nothing to count.
+  CheckpointManager single(faults_, {});
+  EXPECT_TRUE(single.refused_save(1, invalid_argument("x")).ok());
+}
+
 // The coordinator's index PUT stores the index but its answer is lost, and
 // the index cannot be read back: nobody knows whether the step committed.
 // On an object store (the PUT is the commit) the step did commit, so no

@@ -456,6 +456,14 @@ class CheckpointManager {
   // a stall that grows with the number of leaves. For views built for this
   // save.
   Result<SaveHandle> save(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options = {});
+  // A save() of `step` that its caller refused before the call (a binding
+  // that could not convert the state it was given): counted and announced
+  // as a save() that save() refuses itself is (docs/multiprocess.md), so
+  // that the other processes of a group fail this attempt at once and the
+  // next save of the step has one attempt id everywhere. `why` goes to the
+  // others' errors. Nothing to do for a single process (OK). The error is
+  // that of recording the refusal for the others.
+  Status refused_save(int64_t step, const Status& why);
   // Waits for every save so far; returns the first error among the saves
   // since a previous call returned one (an error is returned once: of
   // several threads waiting at once, one gets it; each save's handle keeps

@@ -126,6 +126,14 @@ def tensor_bytes(t, name, borrow):
     if t.layout != torch.strided:
         raise _bad(name, f"a {t.layout} tensor; only dense (strided) tensors can be saved")
     t = t.detach()
+    if (getattr(t, "is_conj", None) and t.is_conj()) or (getattr(t, "is_neg", None) and t.is_neg()):
+        # A lazy conjugate or negation (t.conj(), torch._neg_view): its memory
+        # holds the values before it, which numpy would read as they are.
+        if borrow:
+            raise _bad(name, "the tensor is a lazy conjugate or negation (tensor.conj()); borrow mode reads "
+                             "the caller's memory as it is (pass tensor.resolve_conj().resolve_neg(), or use "
+                             "staging=\"copy\")")
+        t = t.resolve_conj().resolve_neg()
     if not t.is_contiguous():
         if borrow:
             raise _bad(name, "the tensor is not contiguous; borrow mode reads the caller's memory as it "

@@ -11,6 +11,7 @@ docs/multiprocess.md describes the protocol; docs/python.md the Python side.
 torch is imported only when a TorchBarrier is made.
 """
 
+import collections
 import itertools
 import threading
 import time
@@ -75,10 +76,35 @@ class TorchBarrier:
         self.world_size = int(world_size)
         self.prefix = prefix
 
+    def _add(self, key, n, deadline):
+        """store.add(key, n), given until `deadline` (or a second): the store's client waits
+        for an answer without a bound, so a server that stopped answering (its
+        host hung, or cut off without a reset) held the save, close() and the
+        interpreter's exit for good. The call runs on a helper thread; one
+        still blocked at the deadline is left behind (it ends with the store's
+        connection)."""
+        out = {}
+
+        def call():
+            try:
+                out["value"] = self.store.add(key, n)
+            except BaseException as e:  # noqa: B902 - handed to the waiting thread
+                out["error"] = e
+
+        helper = threading.Thread(target=call, name="ckptio-store", daemon=True)
+        helper.start()
+        helper.join(max(deadline - time.monotonic(), 1.0))  # (a last look at the count gets a second)
+        if helper.is_alive():
+            raise errors.Unavailable(f"the store did not answer within the barrier's timeout ({key})")
+        if "error" in out:
+            raise out["error"]
+        return out["value"]
+
     def wait(self, name, timeout_seconds):
         key = self.prefix + name
+        deadline = time.monotonic() + float(timeout_seconds)
         try:
-            arrived = self.store.add(key, 1)
+            arrived = self._add(key, 1, deadline)
             if arrived > self.world_size:
                 raise errors.FailedPrecondition(
                     f"{arrived} processes arrived at barrier {name} for a group of {self.world_size} (two "
@@ -87,7 +113,6 @@ class TorchBarrier:
             # a store client serves one request at a time, so a blocking wait would
             # hold up every other user of the client (another manager's barrier,
             # whose arrival this one may be waiting for) until it ends.
-            deadline = time.monotonic() + float(timeout_seconds)
             pause = 0.001
             while arrived < self.world_size:
                 left = deadline - time.monotonic()
@@ -96,7 +121,7 @@ class TorchBarrier:
                                              f"{timeout_seconds:g} s")
                 time.sleep(min(pause, left))
                 pause = min(pause * 1.5, self.max_poll_seconds)
-                arrived = self.store.add(key, 0)
+                arrived = self._add(key, 0, deadline)
         except RuntimeError as e:  # torch's store errors: a lost connection (process 0's store gone)
             raise errors.Unavailable(f"the store failed: {e}") from None
 
@@ -107,7 +132,7 @@ class TorchBarrier:
         return f"<ckptio.TorchBarrier {type(self.store).__name__} world_size={self.world_size}>"
 
 
-_run_ids = itertools.count()
+_run_ids = collections.defaultdict(itertools.count)  # by process group
 _run_ids_lock = threading.Lock()
 
 
@@ -125,10 +150,14 @@ def torch_processes(run_id=None, *, timeout_seconds=None, group=None):
     rank = dist.get_rank(group) if group is not None else dist.get_rank()
     count = dist.get_world_size(group) if group is not None else dist.get_world_size()
     if run_id is None:
+        # Keyed by the group's processes: rank 0 of each group writes its own
+        # key (one key for all groups gave members of one group different run
+        # ids, and members of two groups the same one).
+        tag = "world" if group is None else "-".join(str(r) for r in dist.get_process_group_ranks(group))
         with _run_ids_lock:
-            n = next(_run_ids)
+            n = next(_run_ids[tag])
         store = dist.distributed_c10d._get_default_store()
-        key = f"ckptio/run_id/{n}"
+        key = f"ckptio/run_id/{tag}/{n}"
         if rank == 0:
             store.set(key, uuid.uuid4().hex)
         run_id = store.get(key).decode()

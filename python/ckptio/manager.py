@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -112,7 +113,17 @@ class SaveHandle:
             # From a callback: the callbacks' thread cannot wait for itself. In
             # a fork()ed child no callbacks' thread exists: the library's handle
             # raises FailedPrecondition there at once.
-            self._c.wait()
+            if timeout is None:
+                self._c.wait()
+            else:  # (the library's handle waits without a bound: looked at until the deadline)
+                deadline, pause = time.monotonic() + float(timeout), 0.001
+                while not self._c.done():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"ckptio: the save of step {self._step} is not done after {timeout} s")
+                    time.sleep(min(pause, left))
+                    pause = min(pause * 2, 0.05)
+                self._c.wait()
             return self.stats
         if not self._event.wait(timeout):
             raise TimeoutError(f"ckptio: the save of step {self._step} is not done after {timeout} s")
@@ -344,8 +355,11 @@ class CheckpointManager:
         _opt(manager, "max_in_flight", max_in_flight)
         if processes is not None:
             manager["processes"] = dict(processes)
-            if barrier is None:  # ProcessGroup::barrier, where the C++ API has it
-                barrier = manager["processes"].pop("barrier", None)
+            in_processes = manager["processes"].pop("barrier", None)  # ProcessGroup::barrier, as in C++
+            if in_processes is not None and barrier is not None:
+                raise errors.InvalidArgument("barrier given twice: as barrier= and in processes=")
+            if barrier is None:
+                barrier = in_processes
         if barrier is not None:  # a SaveBarrier: ckptio.TorchBarrier, or wait(name, timeout_seconds)
             if isinstance(barrier, str):
                 if barrier != "torch":
@@ -413,6 +427,24 @@ class CheckpointManager:
         prefix: None (the state's top-level keys are prefixes) or one prefix
         for the whole state. float_dtype: store float leaves as this dtype."""
         self._check_open()
+        step = _args.integer(step, "step")
+        try:
+            leaves, metadata_json = self._prepare_save(state, metadata, prefix)
+            float_name = _dtype_name(float_dtype)
+        except BaseException as e:
+            # Refused before it reached the manager: counted as a refused
+            # save() for a group, so that the others fail this attempt at
+            # once and the next save of the step has one attempt id on every
+            # process (docs/multiprocess.md).
+            self._c.refused_save(step, f"{type(e).__name__}: {e}")
+            raise
+        c_handle = self._c.save(step, leaves, metadata_json, bool(overwrite), float_name)
+        handle = SaveHandle(c_handle, self._notifier, leaves if self.staging == "borrow" else None, self._on_commit)
+        self._notifier.submit(handle)
+        return handle
+
+    def _prepare_save(self, state, metadata, prefix):
+        """save()'s leaves for the binding, and its metadata as JSON."""
         borrow = self.staging == "borrow"
         leaves = []
 
@@ -435,10 +467,7 @@ class CheckpointManager:
                                        allow_nan=False)
         except (TypeError, ValueError) as e:
             raise errors.InvalidArgument(f"metadata is not JSON-serializable: {e}") from None
-        c_handle = self._c.save(_args.integer(step, "step"), leaves, metadata_json, bool(overwrite), _dtype_name(float_dtype))
-        handle = SaveHandle(c_handle, self._notifier, leaves if borrow else None, self._on_commit)
-        self._notifier.submit(handle)
-        return handle
+        return leaves, metadata_json
 
     def wait_until_finished(self):
         """Waits for every save so far and its callbacks; raises the first error

@@ -84,7 +84,11 @@ class PyBarrier : public SaveBarrier {
     py::gil_scoped_acquire gil;
     try {
       py::object r = wait_(name, timeout_seconds);
-      if (py::isinstance<py::bool_>(r) && !r.cast<bool>())
+      // False, or numpy's False: not every process came. (Other values are
+      // what a barrier returns on arrival: threading.Barrier.wait's index.)
+      const bool is_bool = py::isinstance<py::bool_>(r) ||
+                           std::string(Py_TYPE(r.ptr())->tp_name) == "numpy.bool_";
+      if (is_bool && !r.cast<bool>())
         return Status(Code::kUnavailable, "not every process arrived within " + seconds_text(timeout_seconds) + " s");
       return Status::OK();
     } catch (py::error_already_set& e) {

@@ -183,6 +183,25 @@ py::array checked_array(py::handle obj, DType dtype, const std::string& name, bo
   return a;
 }
 
+// A save() refused before it reached the manager (the state could not be
+// converted): counted for a group (CheckpointManager::refused_save), so that
+// the other processes fail the attempt at once and the next save of the
+// step has one attempt id everywhere. A failure to tell them is a warning
+// in Python's log: the caller's own error is the one raised.
+void refused_save(const std::shared_ptr<CheckpointManager>& m, int64_t step, const std::string& why) {
+  Status st;
+  {
+    py::gil_scoped_release nogil;
+    st = m->refused_save(step, invalid_argument(why));
+  }
+  if (!st.ok() && PyErr_WarnEx(PyExc_RuntimeWarning,
+                               ("ckptio: could not tell the other processes that the save of step " +
+                                std::to_string(step) + " was refused: " + st.to_string())
+                                   .c_str(),
+                               1) != 0)
+    PyErr_Clear();  // (warnings as errors: the caller's own error is the one raised)
+}
+
 // ---- the classes ------------------------------------------------------------------
 
 class PyManager {
@@ -254,26 +273,31 @@ class PyManager {
                   std::optional<std::string> float_dtype) {
     auto m = get();
     std::vector<LeafView> views;
-    views.reserve(leaves.size());
-    for (py::handle item : leaves) {
-      auto t = py::reinterpret_borrow<py::tuple>(item);
-      if (t.size() == 5) {
-        views.push_back(sharded_leaf_from_python(t));
-        continue;
-      }
-      LeafView v;
-      v.prefix = t[0].cast<std::string>();
-      v.path = t[1].cast<std::string>();
-      v.dtype = dtype_from_name(t[2].cast<std::string>(), leaf_name(v.prefix, v.path));
-      py::array a = checked_array(t[3], v.dtype, leaf_name(v.prefix, v.path), false);
-      v.shape.assign(a.shape(), a.shape() + a.ndim());
-      v.shards.push_back(ShardView{Box::whole(v.shape), a.data()});
-      views.push_back(std::move(v));
-    }
     SaveOptions so;
-    so.metadata_json = metadata_json;
-    so.overwrite = overwrite;
-    if (float_dtype) so.float_dtype = dtype_from_name(*float_dtype, "");
+    try {  // a state refused here is a save() refused: counted for a group (refused_save)
+      views.reserve(leaves.size());
+      for (py::handle item : leaves) {
+        auto t = py::reinterpret_borrow<py::tuple>(item);
+        if (t.size() == 5) {
+          views.push_back(sharded_leaf_from_python(t));
+          continue;
+        }
+        LeafView v;
+        v.prefix = t[0].cast<std::string>();
+        v.path = t[1].cast<std::string>();
+        v.dtype = dtype_from_name(t[2].cast<std::string>(), leaf_name(v.prefix, v.path));
+        py::array a = checked_array(t[3], v.dtype, leaf_name(v.prefix, v.path), false);
+        v.shape.assign(a.shape(), a.shape() + a.ndim());
+        v.shards.push_back(ShardView{Box::whole(v.shape), a.data()});
+        views.push_back(std::move(v));
+      }
+      so.metadata_json = metadata_json;
+      so.overwrite = overwrite;
+      if (float_dtype) so.float_dtype = dtype_from_name(*float_dtype, "");
+    } catch (const std::exception& e) {
+      refused_save(m, step, e.what());
+      throw;
+    }
     Result<SaveHandle> h = Status::OK();
     {
       py::gil_scoped_release nogil;
@@ -281,6 +305,9 @@ class PyManager {
     }
     return value_or_throw(std::move(h));
   }
+
+  // CheckpointManager::refused_save, for a save the Python layer refused.
+  void refused(int64_t step, const std::string& why) { refused_save(get(), step, why); }
 
   void wait_until_finished() {
     auto m = get();
@@ -510,6 +537,7 @@ void bind_manager(py::module_& m) {
       .def("close", &PyManager::close)
       .def("save", &PyManager::save, py::arg("step"), py::arg("leaves"), py::arg("metadata_json") = "{}",
            py::arg("overwrite") = false, py::arg("float_dtype") = py::none())
+      .def("refused_save", &PyManager::refused, py::arg("step"), py::arg("why"))
       .def("wait_until_finished", &PyManager::wait_until_finished)
       .def("prepare_staging", &PyManager::prepare_staging)
       .def("all_steps", &PyManager::all_steps)

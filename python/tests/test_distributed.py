@@ -9,6 +9,8 @@ step 1 the latest, on both stores. Then 2 fresh processes restore step 1
 resharded (a 2-device mesh, one device each), bit-exact.
 """
 
+import collections
+import itertools
 import json
 import os
 import queue
@@ -321,6 +323,9 @@ def test_python_barrier_errors_map_to_status_codes():
     assert call(unshowable, "b", 1.0) == ("Cancelled",
                                           "the barrier callback raised Unshowable (which could not be shown)")
     assert call(lambda name, t: False, "b", 1.5)[0] == "Unavailable"
+    assert call(lambda name, t: np.False_, "b", 1.5)[0] == "Unavailable"  # (before: taken for arrival)
+    assert call(lambda name, t: np.True_, "b", 1.5) is None
+    assert call(lambda name, t: 0, "b", 1.5) is None  # threading.Barrier.wait's index: an arrival
 
     class WithWait:
         def wait(self, name, timeout_seconds):
@@ -336,6 +341,139 @@ def test_barrier_option_is_checked(tmp_path):
         ckptio.CheckpointManager(str(tmp_path), barrier="nccl")
     with pytest.raises(ckptio.InvalidArgument, match="barrier"):
         ckptio.CheckpointManager(str(tmp_path), barrier=42)
+    with pytest.raises(ckptio.InvalidArgument, match="barrier given twice"):
+        ckptio.CheckpointManager(str(tmp_path), barrier=lambda n, t: None,
+                                 processes=dict(index=0, count=2, run_id="r", barrier=lambda n, t: None))
+
+
+def _half(i, g):
+    """Process i's half of the leaf m/w of global array g (8 elements)."""
+    return {"m": {"w": ckptio.Shards((8,), np.float32, [((slice(4 * i, 4 * i + 4),), g[4 * i:4 * i + 4].copy(), 0)])}}
+
+
+def test_a_save_refused_in_python_fails_the_other_processes_at_once(tmp_path):
+    """A state the Python layer refuses on one process (here metadata that is
+    not JSON) is a refused save(), counted and announced as the library's
+    save() counts one it refuses: the others fail the attempt at once, and the
+    step saved again commits. Before, they waited out the timeout, and every
+    save of the step after failed (the refusing process's count lagged by one,
+    so its next attempt joined the failed one)."""
+    run = uuid.uuid4().hex
+    g = np.arange(8, dtype=np.float32)
+    ms = [ckptio.CheckpointManager(str(tmp_path), processes=dict(index=i, count=2, run_id=run,
+                                                                 timeout_seconds=60, poll_seconds=0.01))
+          for i in range(2)]
+    try:
+        for step, refuser in ((1, 1), (2, 0)):  # a worker, then the coordinator
+            t0 = time.monotonic()
+            other = 1 - refuser
+            h = ms[other].save(step, _half(other, g))
+            with pytest.raises(ckptio.InvalidArgument, match="JSON"):
+                ms[refuser].save(step, _half(refuser, g), metadata={"x": object()})
+            with pytest.raises(ckptio.FailedPrecondition, match="JSON"):
+                h.wait(timeout=60)
+            assert time.monotonic() - t0 < 20, "the other process waited for the timeout"
+            hs = [ms[i].save(step, _half(i, g)) for i in range(2)]  # again: one attempt id on both
+            for x in hs:
+                x.wait(timeout=60)
+        for step in (1, 2):
+            np.testing.assert_array_equal(ms[0].restore(step)["m"]["w"], g)
+    finally:
+        for m in ms:
+            m.close()
+
+
+def test_wait_with_a_timeout_from_a_callback_times_out(tmp_path):
+    """h.wait(timeout) from a callback (the callbacks' thread) honours the
+    timeout. Before, it waited for the save however long it took."""
+    run = uuid.uuid4().hex
+    g = np.arange(8, dtype=np.float32)
+    ms = [ckptio.CheckpointManager(str(tmp_path), max_in_flight=2,
+                                   processes=dict(index=i, count=2, run_id=run, timeout_seconds=4,
+                                                  poll_seconds=0.01))
+          for i in range(2)]
+    try:
+        h1 = [ms[i].save(1, _half(i, g)) for i in range(2)]
+        h2 = ms[0].save(2, _half(0, g))  # process 1 never saves step 2: it fails after 4 s
+        seen = queue.Queue()
+
+        def in_callback(_):
+            t0 = time.monotonic()
+            try:
+                h2.wait(timeout=0.3)
+                seen.put(("returned", time.monotonic() - t0))
+            except BaseException as e:  # noqa: B902
+                seen.put((type(e).__name__, time.monotonic() - t0))
+
+        h1[0].add_done_callback(in_callback)
+        what, took = seen.get(timeout=60)
+        assert what == "TimeoutError" and took < 2, (what, took)
+        with pytest.raises(ckptio.Unavailable):
+            h2.wait(timeout=60)
+        h1[1].wait(timeout=60)
+    finally:
+        for m in ms:
+            m.close()
+
+
+def test_torch_barrier_gives_up_on_a_store_that_stopped_answering():
+    """A store whose server stops answering (its host hung, or cut off without
+    a reset: here SIGSTOPped) fails the barrier at its timeout. Before, the
+    store's client waited for an answer for good, holding the save, close()
+    and the interpreter's exit."""
+    torch = pytest.importorskip("torch")
+    import datetime
+
+    server = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time, datetime, torch.distributed as d\n"
+         "s = d.TCPStore('127.0.0.1', 0, 2, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)\n"
+         "print(s.port, flush=True)\n"
+         "time.sleep(600)\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        client = torch.distributed.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))
+        barrier = ckptio.TorchBarrier(client, 2)
+        os.kill(server.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        got = _ckptio._barrier_wait_on_thread(barrier, "x/written", 1.5)
+        took = time.monotonic() - t0
+        assert got is not None and got[0] == "Unavailable" and "did not answer" in got[1], got
+        assert took < 10, took
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.kill()
+        server.wait()
+
+
+def test_torch_processes_of_subgroups_share_one_run_id_per_group(monkeypatch):
+    """torch_processes(group=g) on four processes in two groups ([0, 1] and
+    [2, 3]): each group's processes get one run id, the groups different ones.
+    Before, every group's rank 0 wrote one key of the world's store, so members
+    of a group read another group's id. (The four processes are simulated in
+    turn over one HashStore: each with its own count of calls.)"""
+    torch = pytest.importorskip("torch")
+    import datetime
+    from ckptio import distributed
+
+    dist = torch.distributed
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=5))
+    groups = {"A": [0, 1], "B": [2, 3]}
+    me = {}
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: groups[group].index(me["rank"]))
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: len(groups[group]))
+    monkeypatch.setattr(dist, "get_process_group_ranks", lambda group: groups[group])
+    monkeypatch.setattr(dist.distributed_c10d, "_get_default_store", lambda: store)
+    ids = {}
+    for rank, group in ((0, "A"), (2, "B"), (1, "A"), (3, "B")):  # each group's rank 0 first
+        me["rank"] = rank
+        fresh = collections.defaultdict(itertools.count) if isinstance(distributed._run_ids, dict) else itertools.count()
+        monkeypatch.setattr(distributed, "_run_ids", fresh)
+        ids[rank] = distributed.torch_processes(group=group)["run_id"]
+    assert ids[0] == ids[1] and ids[2] == ids[3] and ids[0] != ids[2], ids
 
 
 def test_torch_barrier_on_a_tcp_store():

@@ -190,6 +190,11 @@ Result<SaveHandle> CheckpointManager::save_taken(int64_t step, std::vector<LeafV
   }
 }
 
+Status CheckpointManager::refused_save(int64_t step, const Status& why) {
+  CKPTIO_RETURN_IF_ERROR(check_process());
+  return returning_exceptions("refused_save", [&] { return impl_->refused_save(step, why); });
+}
+
 // The calls below return what they throw (std::bad_alloc where the system
 // refuses memory) as their Status; save() and restore() guard their own
 // (tests/alloc sweeps them).

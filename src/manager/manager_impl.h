@@ -105,6 +105,10 @@ struct CheckpointManager::Impl {
   // mode, copies the state; `called` is when save() was called.
   Result<SaveHandle> submit(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options,
                             std::chrono::steady_clock::time_point called);
+  // CheckpointManager::refused_save; and submit's for a save it refused:
+  // records the refusal of attempt `n` where the others look.
+  Status refused_save(int64_t step, const Status& why);
+  Status announce_refusal(int64_t step, const std::string& final_dir, uint64_t n, const Status& why);
   // submit's work once a multi-process save is numbered (`n`, 0 otherwise).
   Result<SaveHandle> submit_attempt(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options,
                                     std::chrono::steady_clock::time_point called, const std::string& final_dir,

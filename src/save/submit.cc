@@ -109,20 +109,37 @@ Result<SaveHandle> CheckpointManager::Impl::submit(int64_t step, std::vector<Lea
   // leaves the next save of the step with the same attempt id everywhere.
   const uint64_t n = next_group_save(owner->storage().describe(), group, final_dir);
   Result<SaveHandle> h = submit_attempt(step, std::move(state), options, t0, final_dir, n);
-  if (!h.ok() && step >= 0 && !group.barrier && check_process_group(group).ok()) {
-    // The others would wait for this process's manifest (process 0's
-    // outcome) until the timeout: record the refusal where they look, so
-    // that the attempt fails at once on every process. (With a trainer's
-    // barrier they wait at it instead, as for a process that died.)
-    const AttemptPaths paths = plan_attempt(owner->storage(), final_dir, group_attempt_id(group.run_id, step, n));
-    const GroupSave g{owner->storage(), group, paths, step};
-    const Status refused = h.status().annotate("save() refused it");
-    if (group.index == 0) announce_outcome(g, refused);
-    else if (Status st = publish_manifest(g, Index{}, refused); !st.ok())
+  if (!h.ok()) {
+    if (Status st = announce_refusal(step, final_dir, n, h.status().annotate("save() refused it")); !st.ok())
       logging::warn("ckptio: could not tell the other processes that save() of step {} was refused: {}", step,
-                   st.to_string());
+                    st.to_string());
   }
   return h;
+}
+
+Status CheckpointManager::Impl::refused_save(int64_t step, const Status& why) {
+  const ProcessGroup& group = owner->options().processes;
+  if (group.count <= 1) return Status::OK();
+  const std::string final_dir = naming.name(step);
+  const uint64_t n = next_group_save(owner->storage().describe(), group, final_dir);
+  return announce_refusal(step, final_dir, n, why.ok() ? invalid_argument("refused by the caller") : why);
+}
+
+Status CheckpointManager::Impl::announce_refusal(int64_t step, const std::string& final_dir, uint64_t n,
+                                                 const Status& why) {
+  const ProcessGroup& group = owner->options().processes;
+  if (step < 0 || group.barrier || !check_process_group(group).ok()) return Status::OK();
+  // The others would wait for this process's manifest (process 0's
+  // outcome) until the timeout: record the refusal where they look, so
+  // that the attempt fails at once on every process. (With a trainer's
+  // barrier they wait at it instead, as for a process that died.)
+  const AttemptPaths paths = plan_attempt(owner->storage(), final_dir, group_attempt_id(group.run_id, step, n));
+  const GroupSave g{owner->storage(), group, paths, step};
+  if (group.index == 0) {
+    announce_outcome(g, why);
+    return Status::OK();
+  }
+  return publish_manifest(g, Index{}, why);
 }
 
 Result<SaveHandle> CheckpointManager::Impl::submit_attempt(int64_t step, std::vector<LeafView>&& state,

@@ -492,6 +492,9 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
   expect_one_error_line(run({"synth", "save", dir_, "--step", "1", "--bytes", "-5"}, 2));
   expect_one_error_line(run({"synth", "save", dir_, "--bytes", "1MiB"}, 2));  // no --step
   expect_one_error_line(run({"synth", "save", dir_, "--step", "-1", "--bytes", "1MiB"}, 2));
+  for (const char* cmd : {"inspect", "verify"})  // (before: exit 3, "not found")
+    expect_one_error_line(run({cmd, dir_, "--step", "-1"}, 2));
+  expect_one_error_line(run({"synth", "check", dir_, "--step", "-1"}, 2));
   expect_one_error_line(run({"synth", "save", dir_, "--step", "1", "--bytes", "1MiB",
                              "--leaves", "0"}, 2));
   expect_one_error_line(run({"synth"}, 2));

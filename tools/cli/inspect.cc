@@ -75,7 +75,7 @@ void add_inspect(CLI::App& app, const GlobalOptions& g, Command* run) {
   auto o = std::make_shared<InspectOptions>();
   auto* sub = app.add_subcommand("inspect", "Show the leaves of a committed step");
   sub->add_option("URI", o->uri, "Checkpoint location")->required();
-  sub->add_option("--step", o->step, "Step to show (default: the latest committed)");
+  sub->add_option("--step", o->step, "Step to show (default: the latest committed)")->check(non_negative());
   sub->add_flag("--json", o->json,
                 "Print {step, bytes, metadata, files, leaves: [{prefix, path, dtype, shape, "
                 "bytes, shards}]}");

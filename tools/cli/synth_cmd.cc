@@ -466,7 +466,8 @@ void add_synth(CLI::App& app, const GlobalOptions& g, Command* run) {
   check->add_option("URI", c->uri, "Checkpoint location")->required();
   check->add_option("--step", c->step,
                     "Step to check (default: the latest committed; damaged newer steps are skipped "
-                    "and printed, as restore-latest does, unless --strict)");
+                    "and printed, as restore-latest does, unless --strict)")
+      ->check(non_negative());
   check->add_option("--batch", c->batch,
                     "Restore at most SIZE at a time (default: all at once if it fits in half "
                     "of the available memory)");

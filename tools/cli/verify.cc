@@ -77,7 +77,8 @@ void add_verify(CLI::App& app, const GlobalOptions& g, Command* run) {
   sub->add_option("URI", o->uri, "Checkpoint location")->required();
   auto* step = sub->add_option("--step", o->step,
                                 "Step to verify (default: the newest committed step, also when its "
-                                "index is damaged)");
+                                "index is damaged)")
+                  ->check(non_negative());
   sub->add_flag("--all", o->all, "Verify every committed step")->excludes(step);
   sub->add_flag("--json", o->json, "Print {step, ok, bytes, seconds, error} (an array with --all)");
   sub->callback([o, &g, run] { *run = [o, &g] { return run_verify(g, *o); }; });

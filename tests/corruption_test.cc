@@ -403,6 +403,25 @@ TEST_P(CorruptionTest, TruncatedIndexIsNamedAndSkipped) {
   EXPECT_EQ(skipped.message(), idx.status().message());
 }
 
+// An index larger than IndexLimits::max_bytes (256 MiB) is not one ckptio
+// wrote: damage, passed over by restore-latest and reported by cp as data
+// (exit 1). Before, the storage's "exceeds the limit" (kInvalidArgument)
+// failed restore-latest outright and made cp exit 2, a usage error. (Local
+// disk only: a sparse file; the other backends would hold 256 MiB.)
+TEST_P(CorruptionTest, AnIndexLargerThanTheLimitIsDamageAndSkipped) {
+  if (GetParam() != Backend::kLocal) return;
+  const std::string key = "run-2/" + std::string(kIndexFileName);
+  truncate(key, IndexLimits{}.max_bytes + 1);
+  auto idx = m_->read_index(2);
+  ASSERT_FALSE(idx.ok());
+  EXPECT_EQ(idx.status().code(), Code::kDataLoss) << idx.status().to_string();
+  Status skipped = expect_fallback_to_step_1();
+  EXPECT_EQ(skipped.code(), Code::kDataLoss) << skipped.to_string();
+  auto dst = make_memory_storage(false);
+  auto copied = copy_step(*faults_, *dst, 2, {});
+  EXPECT_EQ(copied.status().code(), Code::kDataLoss) << copied.status().to_string();
+}
+
 TEST_P(CorruptionTest, DeletedIndexIsDamageOnPosixAndUncommittedOnObjectStores) {
   const std::string key = "run-2/" + std::string(kIndexFileName);
   remove(key);

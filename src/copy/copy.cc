@@ -21,6 +21,7 @@
 #include "src/copy/copy.h"
 #include "src/layout/zarr/eformer_step.h"
 #include "src/layout/layout.h"
+#include "src/storage/own_objects.h"
 
 namespace ckptio {
 namespace {
@@ -88,7 +89,7 @@ Result<SourceStep> read_source(Storage& src, const StepNaming& naming, int64_t s
   SourceStep s;
   s.dir = naming.name(step);
   const std::string key = index_key(s.dir);
-  auto text = src.get(key, IndexLimits{}.max_bytes);
+  auto text = get_own_object(src, key, IndexLimits{}.max_bytes);
   if (!text.ok() && text.status().code() == Code::kNotFound) {  // a step eformer wrote?
     auto eformer = zarr::load_eformer_step(src, s.dir, step);
     if (eformer.ok() && eformer->has_value()) {
@@ -122,8 +123,9 @@ struct DestinationState {
 };
 
 Result<DestinationState> inspect_destination(Storage& dst, const std::string& dir, const Index& src) {
-  auto text = dst.get(index_key(dir), IndexLimits{}.max_bytes);
+  auto text = get_own_object(dst, index_key(dir), IndexLimits{}.max_bytes);
   if (!text.ok()) {
+    if (text.status().data_loss()) return DestinationState{AtDestination::kDamaged, text.status().message()};
     if (text.status().code() != Code::kNotFound)
       return text.status().annotate("read " + dst.describe() + "/" + index_key(dir));
     // A step eformer wrote is as committed as one with an index (an object

@@ -12,6 +12,7 @@
 #include "src/layout/zarr/eformer_step.h"
 #include "src/manager/manager_impl.h"
 #include "src/util/log.h"
+#include "src/storage/own_objects.h"
 
 namespace ckptio {
 
@@ -25,7 +26,7 @@ Result<std::optional<Index>> CheckpointManager::Impl::load_index(const std::stri
   const std::string key = index_key(dir);
   auto object = owner->storage().open(key, IndexLimits{}.max_bytes);
   if (!object.ok()) {
-    if (object.status().code() != Code::kNotFound) return object.status();
+    if (object.status().code() != Code::kNotFound) return oversized_is_damage(object.status());
     // No ckptio index: a step eformer wrote (src/layout/zarr/eformer_step.h)?
     // One that is not complete is not committed.
     auto eformer = zarr::load_eformer_step(owner->storage(), dir, naming.parse(dir).value_or(0));

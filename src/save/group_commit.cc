@@ -51,6 +51,7 @@
 #include "src/save/manifest.h"
 #include "src/util/log.h"
 #include "src/util/printable.h"
+#include "src/storage/own_objects.h"
 
 namespace ckptio {
 namespace {
@@ -115,7 +116,7 @@ std::string list_ids(const std::vector<int>& ids) {
 
 Result<Manifest> read_manifest(const GroupSave& g, int i) {
   const std::string key = key_in(g, manifest_name(g.paths.attempt, i));
-  auto text = g.storage.get(key, IndexLimits{}.max_bytes);
+  auto text = get_own_object(g.storage, key, IndexLimits{}.max_bytes);
   if (!text.ok()) return text.status().annotate("read manifest of process " + std::to_string(i));
   auto m = parse_manifest(*text);
   if (!m.ok()) return m.status().annotate(g.storage.describe() + "/" + key);

@@ -11,6 +11,7 @@
 #include "src/layout/zarr/eformer_index.h"
 #include "src/layout/zarr/zarray.h"
 #include "src/util/iso8601.h"
+#include "src/storage/own_objects.h"
 
 namespace ckptio::zarr {
 namespace {
@@ -34,7 +35,7 @@ Result<std::vector<std::pair<std::string, EformerArray>>> read_indexes(Storage& 
                                                                        const Listed& listed) {
   std::vector<std::pair<std::string, EformerArray>> arrays;
   auto read = [&](const std::string& name) -> Result<std::string> {
-    auto text = storage.get(dir + "/" + name, EformerIndexLimits{}.max_bytes);
+    auto text = get_own_object(storage, dir + "/" + name, EformerIndexLimits{}.max_bytes);
     if (!text.ok()) return text.status().annotate("read " + storage.describe() + "/" + dir + "/" + name);
     return text;
   };
@@ -90,7 +91,7 @@ namespace {
 // the step's metadata (eformer / EasyDeL wrote it; kept as is).
 Status read_step_metadata(Storage& storage, const std::string& head, int64_t step, Index* index) {
   const std::string key = head + std::string(kEformerMetadataName);
-  auto text = storage.get(key, kMaxMetadataBytes);
+  auto text = get_own_object(storage, key, kMaxMetadataBytes);
   if (!text.ok()) return text.status().annotate("read " + storage.describe() + "/" + key);
   auto meta = parse_eformer_metadata(*text);
   if (!meta.ok()) return meta.status().annotate(storage.describe() + "/" + key);

@@ -210,6 +210,32 @@ TEST_P(S3Test, FinishRefusesHoles) {
   EXPECT_EQ(store_->stat("run-3/data-z-0.bin").status().code(), Code::kNotFound);
 }
 
+// A middle part shorter than the part size (a caller breaking the write
+// granularity) would shift every byte after it: S3 takes any part of 5 MiB
+// or more, so the upload completed, and finish() said the object had the
+// bytes asked. Now refused before CompleteMultipartUpload. (12 MiB parts:
+// the short part, 6 MiB, is one S3 accepts.)
+TEST_P(S3Test, FinishRefusesAShortMiddlePart) {
+  auto config = test_config(server_);
+  config.part_size = 12ull << 20;
+  auto s = testutil::open_s3_test_store(&config);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  const uint64_t half = 6ull << 20;
+  auto data = random_bytes(3 * half, 5);
+  auto w = (*s)->create("run-3/data-short-0.bin", 3 * half);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  std::promise<Status> a, b;
+  (*w)->write_async(0, std::span<const std::byte>(data.data(), half), [&](Status st) { a.set_value(st); });
+  (*w)->write_async(2 * half, std::span<const std::byte>(data.data() + 2 * half, half),
+                    [&](Status st) { b.set_value(st); });
+  ASSERT_TRUE(a.get_future().get().ok());
+  ASSERT_TRUE(b.get_future().get().ok());
+  Status st = (*w)->finish(3 * half);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("short middle part"), std::string::npos) << st.to_string();
+  EXPECT_EQ((*s)->stat("run-3/data-short-0.bin").status().code(), Code::kNotFound);
+}
+
 // The manager end to end: two steps (one multipart, one small), discovery,
 // restore of the latest and of an older one, retention and gc.
 TEST_P(S3Test, ManagerSavesCommitsAndRestores) {

@@ -14,6 +14,7 @@
 #include "backends/s3/sigv4.h"
 #include "src/util/allocate.h"
 #include "src/util/log.h"
+#include "src/util/printable.h"
 
 namespace ckptio::s3 {
 
@@ -244,7 +245,8 @@ Status S3Client::judge(Attempt& a, const HttpResponse& resp, bool& again, std::c
     std::optional<S3Error> err = parse_error(resp.body);
     std::string s3code = err ? err->code : "";
     std::string msg = what + ": HTTP " + std::to_string(resp.status);
-    if (err) msg += " " + err->code + (err->message.empty() ? "" : ": " + err->message);
+    // (The server's text, quoted: control bytes escaped, its length bounded.)
+    if (err) msg += " " + printable(err->code, 128) + (err->message.empty() ? "" : ": " + printable(err->message, 512));
     if (config_.credential_provider && (resp.status == 400 || resp.status == 403)) {
       const std::string why = config_.credential_provider->stale_reason();
       if (!why.empty()) msg += " (" + why + ")";

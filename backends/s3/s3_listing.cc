@@ -9,6 +9,7 @@
 
 #include "backends/s3/s3_storage_internal.h"
 #include "backends/s3/s3_xml.h"
+#include "src/util/printable.h"
 
 namespace ckptio::s3::storage_internal {
 namespace {
@@ -98,7 +99,8 @@ Status S3StorageImpl::delete_batch(const std::vector<std::string>& keys) {
   if (!res.ok()) return res.status().annotate("DeleteObjects " + describe());
   for (const auto& [key, err] : res->errors) {
     if (err.code == "NoSuchKey") continue;
-    return io_error("DeleteObjects " + client_.describe(key) + ": " + err.code + ": " + err.message);
+    return io_error("DeleteObjects " + client_.describe(printable(key, 1024)) + ": " + printable(err.code, 128) + ": " +
+                    printable(err.message, 512));
   }
   return Status::OK();
 }

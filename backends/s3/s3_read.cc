@@ -13,6 +13,7 @@
 #include "backends/s3/s3_storage_internal.h"
 #include "src/util/allocate.h"
 #include "src/util/log.h"
+#include "src/util/printable.h"
 
 namespace ckptio::s3::storage_internal {
 namespace {
@@ -143,7 +144,7 @@ Status S3StorageImpl::read_ranges(std::span<const ReadRequest> requests) {
         const std::optional<std::pair<uint64_t, uint64_t>> got = content_range(resp);
         if (!got || got->first != off || got->second > off + len - 1) {
           const std::string* cr = resp.header("content-range");
-          return Status(Code::kUnavailable, "HTTP 206 with Content-Range '" + (cr ? *cr : std::string()) +
+          return Status(Code::kUnavailable, "HTTP 206 with Content-Range '" + (cr ? printable(*cr, 128) : std::string()) +
                                                 "' to a GET of " + asked);
         }
       } else if (resp.status == 200) {

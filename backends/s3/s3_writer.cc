@@ -13,6 +13,7 @@
 #include "backends/s3/s3_xml.h"
 #include "src/util/allocate.h"
 #include "src/util/log.h"
+#include "src/util/printable.h"
 
 namespace ckptio::s3::storage_internal {
 namespace {
@@ -139,15 +140,20 @@ class S3Writer : public WritableObject {
       abort_upload();
       return put_empty();
     }
-    // The parts must cover [0, final_size) exactly.
+    // The parts must cover [0, final_size) exactly: parts 1..n, each but the
+    // last a whole part (a short middle part would shift every byte after
+    // it, S3 taking any part of 5 MiB or more).
     const uint64_t n = (final_size + part_ - 1) / part_;
     std::vector<CompletedPart> list;
     {
       std::lock_guard lock(mu_);
-      if (parts_.size() != n || parts_.begin()->first != 1 || parts_.rbegin()->first != n ||
+      const bool whole_middles = std::all_of(parts_.begin(), parts_.end(), [&](const auto& kv) {
+        return kv.first == parts_.rbegin()->first || kv.second.size == part_;
+      });
+      if (parts_.size() != n || parts_.begin()->first != 1 || parts_.rbegin()->first != n || !whole_middles ||
           (n - 1) * part_ + parts_.rbegin()->second.size != final_size) {
         st = internal_error(c_.describe(key_) + ": parts written do not cover " +
-                            std::to_string(final_size) + " bytes");
+                            std::to_string(final_size) + " bytes" + (whole_middles ? "" : " (a short middle part)"));
       }
       for (const auto& [pn, p] : parts_) list.push_back({static_cast<int>(pn), p.etag, p.crc32c});
     }
@@ -261,14 +267,15 @@ class S3Writer : public WritableObject {
     if (!st.ok()) return Status(st.code(), "the object is not there either (" + st.message() + ")");
     const std::string* cl = r.header("content-length");
     if (!cl || *cl != std::to_string(size))
-      return io_error("the object there has " + (cl ? *cl : std::string("no Content-Length")) +
+      return io_error("the object there has " + (cl ? printable(*cl, 64) : std::string("no Content-Length")) +
                       " bytes, not " + std::to_string(size));
     const std::string* etag = r.header("etag");
     std::string e = etag ? *etag : "";
     if (e.size() >= 2 && e.front() == '"' && e.back() == '"') e = e.substr(1, e.size() - 2);
     const size_t dash = e.rfind('-');
     if (dash != std::string::npos && e.substr(dash + 1) != std::to_string(parts))
-      return io_error("the object there has ETag " + *etag + ", not one of " + std::to_string(parts) + " parts");
+      return io_error("the object there has ETag " + printable(*etag, 128) + ", not one of " + std::to_string(parts) +
+                      " parts");
     return Status::OK();
   }
 

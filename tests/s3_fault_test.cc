@@ -139,6 +139,23 @@ TEST_F(S3MotoFaulty, AuthErrorsAreNotRetried) {
   EXPECT_EQ(count("op.PutObject"), 1) << "a 403 must not be retried";
 }
 
+// The server's error text is outside data: quoted in the Status with its
+// control bytes escaped and its length bounded. Before, a newline, a
+// terminal escape and kilobytes of text went into the message (and the
+// log, and the CLI's stderr) as they came.
+TEST_F(S3MotoFaulty, AServersErrorTextIsQuotedPrintableAndShort) {
+  const std::string hostile = "line\\nckptio: step 100 committed\\u001b[2J" + std::string(5000, 'x');
+  rules(R"([{"fault": "status", "status": 403, "code": "AccessDenied", "op": "PutObject", "message": ")" + hostile +
+        R"("}])");
+  std::string body = "x";
+  Status st = store_->put("k", std::as_bytes(std::span(body)));
+  EXPECT_EQ(st.code(), Code::kPermissionDenied) << st.to_string();
+  EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.message().substr(0, 300);
+  EXPECT_EQ(st.message().find('\x1b'), std::string::npos) << st.message().substr(0, 300);
+  EXPECT_NE(st.message().find("line\\x0Ackptio"), std::string::npos) << st.message().substr(0, 300);
+  EXPECT_LT(st.message().size(), 2000u);
+}
+
 // S3 answers a request signed for the wrong region with the bucket's region
 // (x-amz-bucket-region): the client sends it again for that region, at no
 // retry cost, and signs every later request for it.

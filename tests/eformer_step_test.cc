@@ -744,6 +744,20 @@ TEST_P(EformerStepTest, ACopyNeitherHidesNorRemovesAStepItCannotReplace) {
   step_200_is_eformers("after a conversion in place");
 }
 
+// A save in the ckptio layout onto a step committed in eformer's layout,
+// without overwrite, is refused at once, as one onto a ckptio step is.
+// Before, on an object store it committed, its index shadowing the eformer
+// step (on a file system it failed only at the rename, its data written).
+TEST_P(EformerStepTest, ASaveWithoutOverwriteDoesNotReplaceAnEformerStep) {
+  const float x = 1;
+  auto m = manager();
+  auto h = m->save(200, {LeafView::full("model", "x", DType::kFloat32, {}, &x)});
+  EXPECT_EQ(h.status().code(), Code::kAlreadyExists) << h.status().to_string();
+  auto index = m->read_index(200);
+  ASSERT_TRUE(index.ok()) << index.status().to_string();
+  EXPECT_EQ(index->layout, "eformer");
+}
+
 // cp of the latest step, or of all, never passes over a damaged eformer
 // step in silence, as for a damaged ckptio index (copy.h). Before, the
 // newest step, damaged, was left out: cp copied step 100 and exited 0.

@@ -1576,6 +1576,26 @@ TEST(ManagerOpen, NegativeRetentionAndNoSavesInFlightAreInvalid) {
   EXPECT_TRUE((*m)->apply_retention(0, 0).ok());
 }
 
+// A step format whose directory names a storage refuses: one ending in '.'
+// (its stage directory "5..tmp-..." holds '..') or one past 255 bytes. They
+// opened, and every save failed at its first file.
+TEST(ManagerOpen, AStepFormatWhoseNamesAStorageRefusesIsInvalid) {
+  for (const std::string& format : {std::string("{step}."), std::string("run-{step}."), std::string(240, 'a') + "{step}"}) {
+    ManagerOptions o;
+    o.step_format = format;
+    auto m = CheckpointManager::open("mem://format-test", o);
+    EXPECT_EQ(m.status().code(), Code::kInvalidArgument) << format;
+    EXPECT_NE(m.status().message().find("directory names a storage refuses"), std::string::npos)
+        << m.status().to_string();
+  }
+  ManagerOptions o;
+  o.step_format = "{step}.ckpt";  // a dot inside is fine
+  auto m = CheckpointManager::open("mem://format-test", o);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const float x = 1;
+  EXPECT_TRUE((*m)->save(5, {LeafView::full("m", "x", DType::kFloat32, {}, &x)}).value().wait().ok());
+}
+
 // Opening local storage at the thread limit: its io_uring's completion
 // thread cannot start. That is a limit of the process (kResourceExhausted,
 // as out of memory), not a fault of the disk to retry (it was kUnavailable).

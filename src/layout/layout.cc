@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdint>
 #include <cerrno>
 #include <random>
 
@@ -24,6 +25,14 @@ Result<StepNaming> StepNaming::make(const std::string& format) {
   n.tail_ = format.substr(at + token.size());
   if (!n.tail_.empty() && std::isdigit(static_cast<unsigned char>(n.tail_[0])))
     return invalid_argument("step format '" + format + "': {step} must not be followed by a digit");
+  // Every directory name made of it must be one a storage takes, a stage
+  // directory's too (<name>.tmp-<16 hex digits>): a format ending in '.'
+  // made "5..tmp-..." (refused as '..'), a long one names past a file
+  // system's 255 bytes, and every save failed.
+  const std::string longest = n.name(INT64_MAX) + ".tmp-0123456789abcdef";
+  if (longest.size() > 255 || !check_storage_key(longest + "/x").ok())
+    return invalid_argument("step format '" + format + "' makes directory names a storage refuses (" + longest +
+                            "): it may not end in '.', and a name may have at most 255 bytes");
   return n;
 }
 

@@ -105,10 +105,14 @@ Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::s
     if (!overwrite) {
       // The check catches a step committed before, on every server; put_new
       // refuses one committed meanwhile by another writer, where the
-      // backend can (S3: If-None-Match).
-      auto st = storage.stat(key);
-      if (st.ok()) return already();
-      if (st.status().code() != Code::kNotFound) return st.status();
+      // backend can (S3: If-None-Match). A step in eformer's layout is
+      // committed by its metadata.json (discovery): the index PUT would
+      // shadow it.
+      for (const std::string& marker : {key, paths.final_dir + "/" + std::string(zarr::kEformerMetadataName)}) {
+        auto st = storage.stat(marker);
+        if (st.ok()) return already();
+        if (st.status().code() != Code::kNotFound) return st.status();
+      }
     }
     Status put = overwrite ? storage.put(key, bytes) : storage.put_new(key, bytes);
     if (put.ok()) return put;

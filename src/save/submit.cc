@@ -23,6 +23,7 @@
 #include "src/save/stage.h"
 #include <cstring>
 
+#include "src/layout/zarr/eformer_index.h"
 #include "src/layout/zarr/eformer_step.h"
 #include "src/save/validate.h"
 #include "src/transform/cast.h"
@@ -183,7 +184,10 @@ Result<SaveHandle> CheckpointManager::Impl::submit_attempt(int64_t step, std::ve
   const bool eformer = owner->options().layout == zarr::kEformerLayout;
   if (!options.overwrite && !eformer) {  // (the eformer writer refuses an existing step itself)
     Storage& storage = owner->storage();
+    // Its index, or the metadata.json of a step in eformer's layout (which
+    // discovery counts as committed).
     auto st = storage.stat(index_key(final_dir));
+    if (!st.ok()) st = storage.stat(final_dir + "/" + std::string(zarr::kEformerMetadataName));
     if (st.ok()) {
       slot.release();
       return Status(Code::kAlreadyExists, "step " + std::to_string(step) + " is already committed at " +

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -215,7 +216,21 @@ void drain_ready(SaveJob& job, BufferPool& pool) {
 Status write_data(Storage& storage, BufferPool& pool, SaveJob& job, std::vector<uint32_t>& crcs,
                   double& write_seconds, const std::function<void()>& queued) {
   const auto t0 = std::chrono::steady_clock::now();
-  DataFiles files(storage, job);
+  std::optional<DataFiles> files_of_job;
+  try {
+    files_of_job.emplace(storage, job);  // (allocates)
+  } catch (...) {
+    // Nothing queued yet, but in copy mode the copiers are staging chunks
+    // into pool buffers that only the writes give back: stopped, and their
+    // buffers taken back, before the error leaves (else they, and save(),
+    // waited for a buffer for good).
+    Status st = status_of_exception("write data");
+    job.failed = true;
+    drain_ready(job, pool);
+    if (!job.copy_mode) job.handle->set_released();
+    return st;
+  }
+  DataFiles& files = *files_of_job;
   PendingWrites pending(pool, *job.handle);
   // What queueing throws (std::bad_alloc from a file's creation, a staging
   // copy's bookkeeping) fails the save here, before `files` and `pending`

@@ -89,11 +89,13 @@ enum class Failing { kWorker, kCaller };
 // old steps instead), for the eformer layout, whose retention lists and
 // parses whole steps on the worker (~2,000 allocations a save; the restore
 // sweeps reach that reader on the caller's thread).
+// `staging_budget` 0: the default pool (the state fits it).
 void sweep(const std::shared_ptr<Storage>& storage, StagingMode staging, uint64_t chunk, Failing who,
-           const std::string& layout = "ckptio", bool retention = true) {
+           const std::string& layout = "ckptio", bool retention = true, uint64_t staging_budget = 0) {
   ManagerOptions o;
   o.chunk_size = chunk;  // several ranges per file, several writes in flight
   o.staging = staging;
+  if (staging_budget) o.staging_budget = staging_budget;
   o.layout = layout;
   o.max_to_keep = retention ? 2 : 0;  // retention runs on the worker after each commit
   std::atomic<std::thread::id> worker{};
@@ -201,6 +203,13 @@ TEST_P(AllocSweep, EachAllocationOfTheCallersSaveFailsOnlyThatSaveBorrowMode) {
 // ~500 allocations a save: on the memory stores only (AllocSweepMemory;
 // on local disk each chunk is a file of its own, made durable: 35 s).
 class AllocSweepMemory : public AllocSweep {};
+// A pool of 4 chunks for a state of ~20: the copiers wait for buffers that
+// only the worker's writes give back. Before, a failure of the worker's
+// first allocations (before it queued a write) left them waiting for good,
+// and save() with them.
+TEST_P(AllocSweepMemory, EachAllocationOfTheSaveWorkerFailsOnlyThatSaveWithAPoolSmallerThanTheState) {
+  sweep(store(), StagingMode::kCopy, kChunk, Failing::kWorker, "ckptio", true, 4 * kChunk);
+}
 TEST_P(AllocSweepMemory, EachAllocationOfAnEformerSavesWorkerFailsOnlyThatSave) {
   sweep(store(), StagingMode::kBorrow, kChunk, Failing::kWorker, "eformer", false);
 }

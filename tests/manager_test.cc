@@ -658,6 +658,39 @@ TEST_P(ManagerTest, RetentionLeavesAStepWhoseRestoreHasBegun) {
   EXPECT_EQ(m->all_steps().value(), std::vector<int64_t>{2});
 }
 
+// remove_step() of a step whose save is in flight in this manager is
+// refused, and the save commits whole. Before, on an object store (where a
+// save writes under the step's prefix) the removal deleted the save's data,
+// and the save then committed an index naming it: reported OK, restored as
+// data loss. A save of a step being removed is refused likewise.
+TEST_P(ManagerTest, RemoveStepRefusesAStepWhoseSaveIsInFlight) {
+  auto m = manager();
+  auto s7 = sample_state(31);
+  std::promise<void> reached_p, go_p;
+  std::shared_future<void> go = go_p.get_future().share();
+  std::atomic<bool> armed{true};
+  faults_->set_hook([&](FaultOp op, const std::string& key) {
+    if (op == FaultOp::kPut && key.find("ckptio_index.json") != std::string::npos && armed.exchange(false)) {
+      reached_p.set_value();
+      go.wait_for(std::chrono::seconds(60));
+    }
+  });
+  auto h = m->save(7, views(s7));
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  const bool held = reached_p.get_future().wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  Status removed = held ? m->remove_step(7) : Status::OK();
+  go_p.set_value();
+  ASSERT_TRUE(held) << "the save never put its index";
+  EXPECT_EQ(removed.code(), Code::kFailedPrecondition) << removed.to_string();
+  ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+  faults_->set_hook(nullptr);
+  auto r = m->restore(7);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  expect_restored(*r, s7);
+  EXPECT_TRUE(m->remove_step(7).ok());  // once the save is done
+  EXPECT_EQ(m->all_steps().value(), std::vector<int64_t>{});
+}
+
 // The fsync of the base after the commit's rename fails (EIO): the step is
 // reported failed, so it must not stay discoverable (it would be restored,
 // and saving it again refused), and an overwrite that fails so gives the

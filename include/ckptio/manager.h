@@ -534,6 +534,11 @@ class CheckpointManager {
   // save's files fails it or, on an object store, can let it commit a step
   // whose data is gone (restore then skips it as damaged). See GcOptions.
   Status gc(const GcOptions& options = {});
+  // Deletes committed step `step` (out of the committed set first, then its
+  // files). Waits for the restores and verifies of the step in this manager,
+  // and holds new ones off until it is done; kFailedPrecondition while a
+  // save of the step is in flight in this manager (a save of it started
+  // meanwhile is refused likewise).
   Status remove_step(int64_t step);
 
   Storage& storage() { return *storage_; }

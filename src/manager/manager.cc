@@ -230,8 +230,7 @@ Result<Index> CheckpointManager::read_index(int64_t step) {
 
 Status CheckpointManager::remove_step(int64_t step) {
   CKPTIO_RETURN_IF_ERROR(check_process());
-  return returning_exceptions("remove a step",
-                              [&] { return delete_committed_step(*storage_, impl_->naming.name(step)); });
+  return returning_exceptions("remove a step", [&] { return impl_->remove_step(step); });
 }
 
 Status CheckpointManager::apply_retention(int max_to_keep, int64_t keep_every) {

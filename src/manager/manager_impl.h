@@ -59,6 +59,12 @@ struct CheckpointManager::Impl {
   // The final directories of eformer saves in flight: on an object store
   // they write there in place, under no attempt id, and gc spares them.
   std::multiset<std::string> eformer_steps_in_flight;
+  // The final directories of every save in flight, and of the steps
+  // remove_step() is removing: a step is not removed under its own save (on
+  // an object store the save writes under the step's prefix, which the
+  // removal deletes), nor saved while it is being removed.
+  std::multiset<std::string> saves_in_flight;
+  std::set<std::string> steps_being_removed;
   // While a gc runs: every attempt (and eformer step) in flight at any
   // moment of it. gc spares these, not only those in flight when it looks:
   // a save that commits after gc found its step without an index has left
@@ -105,6 +111,8 @@ struct CheckpointManager::Impl {
   // mode, copies the state; `called` is when save() was called.
   Result<SaveHandle> submit(int64_t step, std::vector<LeafView>&& state, const SaveOptions& options,
                             std::chrono::steady_clock::time_point called);
+  // CheckpointManager::remove_step (src/manager/retention.cc).
+  Status remove_step(int64_t step);
   // CheckpointManager::refused_save; and submit's for a save it refused:
   // records the refusal of attempt `n` where the others look.
   Status refused_save(int64_t step, const Status& why);

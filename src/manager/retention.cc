@@ -24,7 +24,7 @@ Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std:
     if (keep.count(s)) continue;
     {
       std::lock_guard lock(mu);
-      if (restoring.count(s)) continue;  // never under a reader
+      if (restoring.count(s) || retiring.count(s)) continue;  // never under a reader, nor one replacing or removing it
       retiring.insert(s);                // and no reader marks it until it is out
     }
     // Out of the committed set first; then its bytes, now or by the reaper.
@@ -52,6 +52,31 @@ Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std:
     if (!st.ok() && first.ok()) first = st.annotate("retention: delete step " + std::to_string(s));
   }
   return first;
+}
+
+Status CheckpointManager::Impl::remove_step(int64_t step) {
+  const std::string dir = naming.name(step);
+  // Not under a save of the step in flight here (on an object store it
+  // writes under the prefix the removal deletes: it then committed an index
+  // naming deleted data), and no save of it starts until the removal ends.
+  {
+    std::lock_guard lock(mu);
+    if (saves_in_flight.count(dir))
+      return Status(Code::kFailedPrecondition, "step " + std::to_string(step) +
+                                                   " has a save in flight in this manager: wait for it first");
+    if (!steps_being_removed.insert(dir).second)
+      return Status(Code::kFailedPrecondition, "step " + std::to_string(step) + " is being removed already");
+  }
+  struct Unmark {
+    Impl& impl;
+    const std::string& dir;
+    ~Unmark() {
+      std::lock_guard lock(impl.mu);
+      impl.steps_being_removed.erase(dir);
+    }
+  } unmark{*this, dir};
+  ReplaceMark mark(this, step);  // waits for the step's readers, and holds new ones off
+  return delete_committed_step(owner->storage(), dir);
 }
 
 CheckpointManager::Impl::ReadMark::ReadMark(Impl* impl, int64_t step) : impl_(impl), step_(step) {

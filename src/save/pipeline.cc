@@ -248,6 +248,7 @@ void CheckpointManager::Impl::finish_job(SaveJob& job, const Status& st, const S
   {
     std::lock_guard lock(mu);
     attempts_in_flight.erase(job.paths.attempt);
+    if (auto it = saves_in_flight.find(job.paths.final_dir); it != saves_in_flight.end()) saves_in_flight.erase(it);
     if (auto it = eformer_steps_in_flight.find(job.paths.final_dir); job.eformer && it != eformer_steps_in_flight.end())
       eformer_steps_in_flight.erase(it);
     if (!kept.ok() && first_error.ok()) first_error = std::move(kept);

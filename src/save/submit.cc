@@ -217,9 +217,13 @@ Result<SaveHandle> CheckpointManager::Impl::submit_attempt(int64_t step, std::ve
     std::lock_guard lock(mu);
     // All or nothing: a throw takes back what was inserted (the attempt id
     // is new; the step's name may be in flight already, so only this one).
-    std::multiset<std::string>::iterator eformer_step = eformer_steps_in_flight.end();
+    if (steps_being_removed.count(job->paths.final_dir))
+      return Status(Code::kFailedPrecondition, "step " + std::to_string(step) +
+                                                   " is being removed (remove_step) in this manager");
+    std::multiset<std::string>::iterator eformer_step = eformer_steps_in_flight.end(), save = saves_in_flight.end();
     bool in_flight_set = false, seen_by_gc = false, step_seen_by_gc = false;
     try {
+      save = saves_in_flight.insert(job->paths.final_dir);
       in_flight_set = attempts_in_flight.insert(job->paths.attempt).second;
       if (job->eformer) eformer_step = eformer_steps_in_flight.insert(job->paths.final_dir);
       if (gcs_running > 0) {
@@ -228,6 +232,7 @@ Result<SaveHandle> CheckpointManager::Impl::submit_attempt(int64_t step, std::ve
       }
       queue.push_back(job);
     } catch (...) {
+      if (save != saves_in_flight.end()) saves_in_flight.erase(save);
       if (in_flight_set) attempts_in_flight.erase(job->paths.attempt);
       if (eformer_step != eformer_steps_in_flight.end()) eformer_steps_in_flight.erase(eformer_step);
       if (seen_by_gc) attempts_seen_by_gc.erase(job->paths.attempt);

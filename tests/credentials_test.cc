@@ -241,6 +241,31 @@ TEST(CredentialProvider, FirstFailureIsReturnedAndLaterOnesAreRetriedAndReported
   EXPECT_NE(why.find("metadata service down"), std::string::npos) << why;
 }
 
+// A source that returns a set already expired (a helper printing a stale
+// cache) fails: at start, as any failing source does, and on renewal as a
+// failed renewal, retried after retry_after_s. Before, the set was taken,
+// and fetched again every 0.2 s for as long as the job ran.
+TEST(CredentialProvider, AnExpiredSetIsAFailedFetch) {
+  auto stale = CredentialProvider::start("fake", []() -> Result<TimedCredentials> {
+    return expiring_in(-10s, "stale");
+  });
+  ASSERT_FALSE(stale.ok());
+  EXPECT_EQ(stale.status().code(), Code::kPermissionDenied) << stale.status().to_string();
+  EXPECT_NE(stale.status().message().find("expired at"), std::string::npos) << stale.status().to_string();
+
+  std::atomic<int> n{0};
+  RefreshOptions o;
+  o.retry_after_s = 1;
+  auto p = CredentialProvider::start("fake", [&]() -> Result<TimedCredentials> {
+    return n++ == 0 ? expiring_in(300ms, "fresh") : expiring_in(-10s, "stale");
+  }, o);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_GE((*p)->failed_fetches(), 2u);
+  EXPECT_LE(n.load(), 5) << "renewed every 0.2 s";  // (at 150 and 350 ms, then every second)
+  EXPECT_EQ((*p)->current().access_key_id, "fresh");
+}
+
 TEST(CredentialProvider, KeysWithoutExpirationAreFetchedOnce) {
   std::atomic<int> n{0};
   auto p = CredentialProvider::start("fake", [&]() -> Result<TimedCredentials> {

@@ -213,6 +213,15 @@ Result<std::vector<std::string>> split_command(std::string_view command) {
 
 // ---- CredentialProvider ----------------------------------------------------
 
+namespace {
+// kPermissionDenied when `c` expired already (botocore: "refreshed
+// credentials are still expired").
+Status refuse_expired(const TimedCredentials& c, SystemTime now) {
+  if (!c.expiration || *c.expiration > now) return Status::OK();
+  return Status(Code::kPermissionDenied, "the source returned credentials that expired at " + utc_text(*c.expiration));
+}
+}  // namespace
+
 CredentialProvider::CredentialProvider(std::string source, FetchCredentials fetch, RefreshOptions options)
     : source_(std::move(source)), fetch_(std::move(fetch)), options_(options) {}
 
@@ -222,6 +231,8 @@ Result<std::shared_ptr<CredentialProvider>> CredentialProvider::start(std::strin
   std::shared_ptr<CredentialProvider> p(new CredentialProvider(std::move(source), std::move(fetch), options));
   Result<TimedCredentials> first = p->fetch_();
   if (!first.ok()) return first.status().annotate("credentials from " + p->source_);
+  if (Status st = refuse_expired(*first, std::chrono::system_clock::now()); !st.ok())
+    return st.annotate("credentials from " + p->source_);
   p->current_ = std::move(*first);
   p->fetches_ = 1;
   if (p->current_.expiration) p->thread_ = std::thread([raw = p.get()] { raw->run(); });
@@ -265,6 +276,13 @@ void CredentialProvider::run() {
     Result<TimedCredentials> r = returning_exceptions("renew the credentials", [&] { return fetch_(); });
     lk.lock();
     const SystemTime now = std::chrono::system_clock::now();
+    // A renewal that returns a set already expired failed (a helper that
+    // prints a stale cache): else it was taken and fetched again every
+    // 0.2 s for good, every request refused meanwhile.
+    if (r.ok()) {
+      Status expired = status_or_out_of_memory([&] { return refuse_expired(*r, now); });
+      if (!expired.ok()) r = std::move(expired);
+    }
     if (r.ok()) {
       current_ = std::move(*r);
       ++fetches_;

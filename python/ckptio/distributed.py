@@ -76,35 +76,11 @@ class TorchBarrier:
         self.world_size = int(world_size)
         self.prefix = prefix
 
-    def _add(self, key, n, deadline):
-        """store.add(key, n), given until `deadline` (or a second): the store's client waits
-        for an answer without a bound, so a server that stopped answering (its
-        host hung, or cut off without a reset) held the save, close() and the
-        interpreter's exit for good. The call runs on a helper thread; one
-        still blocked at the deadline is left behind (it ends with the store's
-        connection)."""
-        out = {}
-
-        def call():
-            try:
-                out["value"] = self.store.add(key, n)
-            except BaseException as e:  # noqa: B902 - handed to the waiting thread
-                out["error"] = e
-
-        helper = threading.Thread(target=call, name="ckptio-store", daemon=True)
-        helper.start()
-        helper.join(max(deadline - time.monotonic(), 1.0))  # (a last look at the count gets a second)
-        if helper.is_alive():
-            raise errors.Unavailable(f"the store did not answer within the barrier's timeout ({key})")
-        if "error" in out:
-            raise out["error"]
-        return out["value"]
-
     def wait(self, name, timeout_seconds):
         key = self.prefix + name
         deadline = time.monotonic() + float(timeout_seconds)
         try:
-            arrived = self._add(key, 1, deadline)
+            arrived = self.store.add(key, 1)
             if arrived > self.world_size:
                 raise errors.FailedPrecondition(
                     f"{arrived} processes arrived at barrier {name} for a group of {self.world_size} (two "
@@ -121,7 +97,7 @@ class TorchBarrier:
                                              f"{timeout_seconds:g} s")
                 time.sleep(min(pause, left))
                 pause = min(pause * 1.5, self.max_poll_seconds)
-                arrived = self._add(key, 0, deadline)
+                arrived = self.store.add(key, 0)
         except RuntimeError as e:  # torch's store errors: a lost connection (process 0's store gone)
             raise errors.Unavailable(f"the store failed: {e}") from None
 

@@ -53,6 +53,15 @@ CopyOptions to_ckptio_as_conv() {
   return o;
 }
 
+// ... and back: conv-{step} to eformer's layout at back-{step}.
+CopyOptions back_to_eformer() {
+  CopyOptions o;
+  o.format = "eformer";
+  o.src_step_format = "conv-{step}";
+  o.dst_step_format = "back-{step}";
+  return o;
+}
+
 namespace fs = std::filesystem;
 using testutil::Backend;
 
@@ -585,11 +594,7 @@ TEST_P(EformerStepTest, ConvertsToCkptioAndBackBitExact) {
   CopyOptions to_ckptio = to_ckptio_as_conv();
   auto c = copy_step(*base_, *base_, 200, to_ckptio);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  CopyOptions back;
-  back.format = "eformer";
-  back.src_step_format = "conv-{step}";
-  back.dst_step_format = "back-{step}";
-  auto b = copy_step(*base_, *base_, std::nullopt, back);
+  auto b = copy_step(*base_, *base_, std::nullopt, back_to_eformer());
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   EXPECT_EQ(b->step, 200);
 
@@ -665,11 +670,7 @@ TEST_P(EformerStepTest, AConversionLargerThanAnS3PartIsWrittenInParts) {
   to_ckptio.src_step_format = "big-{step}";
   auto c = copy_step(*base_, *base_, 5, to_ckptio);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  CopyOptions back;
-  back.format = "eformer";
-  back.src_step_format = "conv-{step}";
-  back.dst_step_format = "back-{step}";
-  auto b = copy_step(*base_, *base_, 5, back);
+  auto b = copy_step(*base_, *base_, 5, back_to_eformer());
   ASSERT_TRUE(b.ok()) << b.status().to_string();
   for (const char* format : {"conv-{step}", "back-{step}"}) {
     ManagerOptions o;

@@ -932,10 +932,17 @@ TEST_P(EformerStepTest, ConvertsInGroupsOfItsMemoryBoundAndStopsCleanly) {
     mo.step_format = dst;
     EXPECT_EQ(manager(mo)->read_index(200).status().code(), Code::kNotFound);
     std::vector<uint64_t> seen;
-    o.on_progress = [&](int64_t, uint64_t done, uint64_t) { seen.push_back(done); };
+    uint64_t decoded = 0;  // what the progress counts to: the leaves' bytes, decoded
+    for (const auto& [name, info] : leaves()) decoded += expected(200, name).size();
+    o.on_progress = [&](int64_t, uint64_t done, uint64_t total) {
+      EXPECT_EQ(total, decoded) << "(an eformer index's compressed sizes were the total before)";
+      EXPECT_TRUE(seen.empty() || done >= seen.back());
+      seen.push_back(done);
+    };
     auto c = copy_step(*base_, *base_, 200, o);
     ASSERT_TRUE(c.ok()) << c.status().to_string();
     EXPECT_GE(seen.size(), 4u);  // leaf by leaf, through several groups
+    EXPECT_EQ(seen.back(), decoded);
     auto r = manager(mo)->restore(200);
     ASSERT_TRUE(r.ok()) << r.status().to_string();
     ASSERT_EQ(r->leaves.size(), leaves().size());

@@ -263,9 +263,20 @@ class DataFileWriter {
 
 // CopyOptions::on_progress, counted in the source's stored bytes (what it
 // throws stops the copy).
-Status progress(const CopyOptions& o, const Index& index, uint64_t done) {
+// The bytes of every leaf decoded, what a conversion's progress counts (an
+// eformer index's shard lengths are the chunks' compressed sizes; the bar
+// was at its end almost at once). Saturates.
+uint64_t decoded_bytes(const Index& index) {
+  uint64_t total = 0;
+  for (const PrefixRecord& p : index.prefixes)
+    for (const LeafRecord& l : p.leaves)
+      if (__builtin_add_overflow(total, l.num_bytes(), &total)) return UINT64_MAX;
+  return total;
+}
+
+// `total`: decoded_bytes(index).
+Status progress(const CopyOptions& o, const Index& index, uint64_t done, uint64_t total) {
   if (!o.on_progress) return Status::OK();
-  const uint64_t total = index.total_bytes();
   return call_callback("on_progress", [&] { o.on_progress(index.step, std::min(done, total), total); })
       .annotate("step " + std::to_string(index.step));
 }
@@ -306,6 +317,7 @@ Result<CopyStats> to_ckptio(Storage& src, const std::string& src_dir, const Inde
                             const std::string& dst_dir, const CopyOptions& o) {
   CopyStats stats;
   stats.step = index.step;
+  const uint64_t decoded_total = decoded_bytes(index);
   // What the ckptio layout cannot name, refused before anything is written:
   // arrays saved without a prefix (eformer's top-level "arrays"). (Two array
   // directories that name one leaf, "a/b.c" and "a/b/c", never load:
@@ -351,7 +363,7 @@ Result<CopyStats> to_ckptio(Storage& src, const std::string& src_dir, const Inde
         CKPTIO_RETURN_IF_ERROR(w.append(t.data.data(), t.data.size()));
         out.prefixes[it->second].leaves.push_back(LeafRecord{t.path, t.dtype, t.shape, {std::move(s)}, {}});
         stats.shards += 1;
-        CKPTIO_RETURN_IF_ERROR(progress(o, index, w.size()));
+        CKPTIO_RETURN_IF_ERROR(progress(o, index, w.size(), decoded_total));
       }
       return Status::OK();
     }));
@@ -417,6 +429,7 @@ Status write_in_place(Storage& src, const std::string& src_dir, const Index& ind
                       const std::map<std::string, std::unique_ptr<ObjectView>>& views,
                       zarr::EformerStepWriter& writer, const ArrayIds& ids, const CopyOptions& o, CopyStats& stats) {
   WaitBorrowed wait{writer};  // the views outlive every chunk read from them
+  const uint64_t decoded_total = decoded_bytes(index);
   for (const PrefixRecord& p : index.prefixes)
     for (const LeafRecord& l : p.leaves)
       for (size_t i = 0; i < l.shards.size(); ++i) {
@@ -429,7 +442,7 @@ Status write_in_place(Storage& src, const std::string& src_dir, const Index& ind
         CKPTIO_RETURN_IF_ERROR(writer.write_box_borrowed(ids.at({p.name, l.path}), s.box, bytes));
         stats.shards += 1;
         stats.bytes_in_place += s.length;
-        CKPTIO_RETURN_IF_ERROR(progress(o, index, stats.bytes_in_place));
+        CKPTIO_RETURN_IF_ERROR(progress(o, index, stats.bytes_in_place, decoded_total));
       }
   return Status::OK();
 }
@@ -439,6 +452,7 @@ Result<CopyStats> to_eformer(Storage& src, const std::string& src_dir, const Ind
                              const std::string& dst_dir, const CopyOptions& o) {
   CopyStats stats;
   stats.step = index.step;
+  const uint64_t decoded_total = decoded_bytes(index);
   zarr::EformerWriteOptions wo;
   wo.compressor.id = zarr::CodecId::kZstd;
   wo.compressor.level = o.zstd_level;
@@ -486,7 +500,7 @@ Result<CopyStats> to_eformer(Storage& src, const std::string& src_dir, const Ind
                                                           {t.data.data(), t.data.size()}));
         done += t.data.size();
         stats.shards += 1;
-        CKPTIO_RETURN_IF_ERROR(progress(o, index, done));
+        CKPTIO_RETURN_IF_ERROR(progress(o, index, done, decoded_total));
       }
       return Status::OK();
     });

@@ -235,6 +235,16 @@ void CheckpointManager::Impl::finish_job(SaveJob& job, const Status& st, const S
   // Nothing from here may throw (the worker goes on to the next save): the
   // copies of an error fall back to a bare kResourceExhausted, and what
   // retention throws is its failure.
+  // The step is no longer under a save here before the handle completes: a
+  // caller who waited on the handle may remove the step (or save it again)
+  // at once.
+  {
+    std::lock_guard lock(mu);
+    attempts_in_flight.erase(job.paths.attempt);
+    if (auto it = saves_in_flight.find(job.paths.final_dir); it != saves_in_flight.end()) saves_in_flight.erase(it);
+    if (auto it = eformer_steps_in_flight.find(job.paths.final_dir); job.eformer && it != eformer_steps_in_flight.end())
+      eformer_steps_in_flight.erase(it);
+  }
   job.handle->finish(status_or_out_of_memory([&] { return st; }), stats);
   Status kept = st.ok() ? Status() : status_or_out_of_memory([&] { return st; });
   // Retention is the committer's job: process 0 of a group (the reaper
@@ -247,10 +257,6 @@ void CheckpointManager::Impl::finish_job(SaveJob& job, const Status& st, const S
   // retention (`retaining`).
   {
     std::lock_guard lock(mu);
-    attempts_in_flight.erase(job.paths.attempt);
-    if (auto it = saves_in_flight.find(job.paths.final_dir); it != saves_in_flight.end()) saves_in_flight.erase(it);
-    if (auto it = eformer_steps_in_flight.find(job.paths.final_dir); job.eformer && it != eformer_steps_in_flight.end())
-      eformer_steps_in_flight.erase(it);
     if (!kept.ok() && first_error.ok()) first_error = std::move(kept);
     --in_flight;
     if (retention) ++retaining;

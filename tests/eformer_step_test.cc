@@ -809,6 +809,47 @@ TEST_P(EformerStepTest, AConversionWhoseCommitIsUnknownLeavesItsData) {
 // the device, or read through a wrapper (the fault injector), is read as
 // before. A damaged byte or a short data file is still data loss, and
 // leaves the step committed at the destination as it was.
+// A leaf of zero elements saved as two shards (boxes [0, 0) x [0, 4) and
+// [0, 0) x [4, 8)), converted into eformer's layout. Before, a source the
+// page cache held (read in place, shard by shard) failed: the empty box
+// [4, 8) "does not fall on chunk boundaries (chunks of 8)".
+TEST_P(EformerStepTest, AConversionOfAShardedZeroSizeLeafWritesIt) {
+  std::vector<float> w(64);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.5f;
+  const float none = 0;
+  LeafView empty{"model", "empty", DType::kFloat32, {0, 8}, {}};
+  empty.shards.push_back({Box{{0, 0}, {0, 4}}, &none});
+  empty.shards.push_back({Box{{0, 4}, {0, 8}}, &none});
+  ManagerOptions co;
+  co.step_format = "conv-{step}";
+  auto h = manager(co)->save(300, {empty, LeafView::full("model", "w", DType::kFloat32, {8, 8}, w.data())});
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  ASSERT_TRUE(h->wait().ok()) << h->wait().to_string();
+  if (GetParam() == Backend::kLocal)  // into the page cache: the conversion reads the shards in place
+    for (const auto& e : fs::directory_iterator(dir_ / "conv-300"))
+      if (e.path().extension() == ".bin") ASSERT_FALSE(read_file(e.path()).empty()) << e.path();
+  CopyOptions back;
+  back.format = "eformer";
+  back.src_step_format = "conv-{step}";
+  back.dst_step_format = "back-{step}";
+  auto b = copy_step(*base_, *base_, 300, back);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  ManagerOptions mo;
+  mo.step_format = "back-{step}";
+  auto r = manager(mo)->restore(300);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->leaves.size(), 2u);
+  for (const Tensor& t : r->leaves) {
+    if (t.path == "empty") {
+      EXPECT_EQ(t.shape, (Shape{0, 8}));
+      EXPECT_EQ(t.data.size(), 0u);
+    } else {
+      ASSERT_EQ(t.data.size(), w.size() * sizeof(float));
+      EXPECT_EQ(std::memcmp(t.data.data(), w.data(), t.data.size()), 0);
+    }
+  }
+}
+
 TEST_P(EformerStepTest, AConversionOfACachedStepCompressesItInPlace) {
   CopyOptions to_ckptio = to_ckptio_as_conv();
   ASSERT_TRUE(copy_step(*base_, *base_, 200, to_ckptio).ok());

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <sstream>
 #include <string>
@@ -362,6 +363,32 @@ TEST_P(EformerWriterTest, BorrowedBoxesAreReadOnlyUntilWaitBorrowedReturns) {
   }
 }
 
+// abort() drops the chunks still queued, borrowed ones too: wait_borrowed()
+// then returns (the caller may reuse its memory). Before, the dropped
+// borrowed chunks stayed counted and wait_borrowed() waited for good.
+TEST_P(EformerWriterTest, AbortEndsTheWaitForBorrowedChunks) {
+  EformerWriteOptions o;
+  o.threads = 1;
+  auto w = EformerStepWriter::start(*base_, "run-10", 10, o);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  const Shape shape{512, 1024};  // 512 chunks of one row (4 KiB), each borrowed
+  const std::vector<std::byte> data = testutil::random_bytes(512 * 1024 * 4, 5);
+  auto id = (*w)->add_array("model", "rows", DType::kFloat32, shape, {1, 1024});
+  ASSERT_TRUE(id.ok()) << id.status().to_string();
+  ASSERT_TRUE((*w)->write_box_borrowed(*id, Box::whole(shape), data).ok());
+  (*w)->abort();
+  std::promise<void> waited;
+  std::thread([&w, &waited] {
+    (*w)->wait_borrowed();
+    waited.set_value();
+  }).detach();
+  if (waited.get_future().wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    std::fprintf(stderr, "wait_borrowed() still waits 60 s after abort()\n");
+    std::_Exit(1);  // (the waiting thread holds the writer)
+  }
+  EXPECT_TRUE(steps().empty());
+}
+
 TEST_P(EformerWriterTest, InvisibleUntilCommitAndAbortLeavesNothing) {
   const Data a = make_data(3);
   {
@@ -490,6 +517,48 @@ TEST_P(EformerWriterTest, OverwriteIsRefusedUnlessAsked) {
   for (const std::string& k : everything()) EXPECT_TRUE(k.starts_with("run-10/")) << k;
 }
 
+// On an object store the writer writes under the step's own name, and a
+// killed save leaves its objects there without metadata.json. Before, the
+// next save of that step (a preempted job that resumed from an older step
+// and reached it again) was refused for good ("already exists"). Now the
+// writer removes what only the layout's writer could have left; anything
+// else there keeps the step refused. On POSIX the writer stages elsewhere:
+// a step directory is never its leftover.
+TEST_P(EformerWriterTest, AStepASaveNeverFinishedDoesNotBlockTheStep) {
+  const bool object_store = !base_->caps().atomic_rename;
+  auto put_text = [&](const std::string& key, const std::string& text) {
+    return base_->put(key, std::as_bytes(std::span(text.data(), text.size())));
+  };
+  auto leave_unfinished = [&](const std::string& dir) {
+    for (const char* rel : {"/model/embed/.zarray", "/model/embed/0.1", "/model/layers/0/kernel/1.0",
+                            "/tensorstore_index.json"})
+      ASSERT_TRUE(put_text(dir + rel, "{}").ok()) << rel;
+  };
+  leave_unfinished("run-10");
+  const Data a = make_data(41);
+  Status saved = write_step(*base_, 10, a);
+  if (object_store) {
+    ASSERT_TRUE(saved.ok()) << saved.to_string();
+    expect_restores(10, a);
+  } else {
+    EXPECT_EQ(saved.code(), Code::kAlreadyExists) << saved.to_string();
+  }
+  // Something not the layout's there: refused everywhere, and kept.
+  leave_unfinished("run-11");
+  ASSERT_TRUE(put_text("run-11/notes.txt", "mine").ok());
+  EXPECT_EQ(write_step(*base_, 11, a).code(), Code::kAlreadyExists);
+  EXPECT_TRUE(base_->stat("run-11/notes.txt").ok());
+  // gc leaves steps in eformer's layout alone, finished or not: one in
+  // progress may be eformer's own, in another process
+  // (GcLeavesEformerStepsAloneCompleteOrNot).
+  leave_unfinished("run-12");
+  CheckpointManager m(base_, {});
+  ASSERT_TRUE(m.gc().ok());
+  EXPECT_TRUE(base_->stat("run-12/model/embed/.zarray").ok());
+  EXPECT_TRUE(base_->stat("run-11/model/embed/.zarray").ok());
+  if (object_store) expect_restores(10, a);
+}
+
 TEST_P(EformerWriterTest, AMissingChunkFailsCommitNamingIt) {
   const Data a = make_data(9);
   auto w = EformerStepWriter::start(*base_, "run-10", 10);
@@ -529,6 +598,28 @@ TEST_P(EformerWriterTest, RefusesBoxesOffTheGridAndChunksWrittenTwice) {
                 .status()
                 .code(),
             Code::kInvalidArgument);
+}
+
+// An array inside another is refused whatever the order its leaves come in,
+// including when a sibling's name sorts between them ("a/b-c" lies between
+// "a/b" and "a/b/x" in byte order): the step written so was refused by every
+// reader ("array a/b/x lies inside array a/b") after a save that said OK.
+TEST(EformerArrayLayout, RefusesAnArrayInsideAnotherInAnyOrder) {
+  const std::vector<std::vector<std::string>> orders = {
+      {"a.b-c", "a.b.x", "a.b"}, {"a.b-c", "a.b", "a.b.x"}, {"a.b.x", "a.b-c", "a.b"},
+      {"a.b", "a.b-c", "a.b.x"}, {"a.b+", "a.b(", "a.b.x.y", "a.b"}, {"a.b", "a.b"}};
+  for (const auto& order : orders) {
+    zarr::EformerArrayLayout layout(zarr::zstd_level_1(), '.');
+    Status last;
+    for (const std::string& path : order) {
+      last = layout.add("model", path, DType::kFloat32, {2}, {2}).status();
+      if (&path != &order.back()) ASSERT_TRUE(last.ok()) << path << ": " << last.to_string();
+    }
+    EXPECT_EQ(last.code(), Code::kInvalidArgument) << "order ending in " << order.back() << ": " << last.to_string();
+  }
+  zarr::EformerArrayLayout siblings(zarr::zstd_level_1(), '.');  // names that only share a start
+  for (const char* path : {"a.b", "a.b-c", "a.bc", "a.b+", "a.c"})
+    EXPECT_TRUE(siblings.add("model", path, DType::kFloat32, {2}, {2}).ok()) << path;
 }
 
 TEST_P(EformerWriterTest, SurvivesAPowerCutAfterCommitAndLeavesNoStepBeforeIt) {

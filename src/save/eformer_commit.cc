@@ -123,7 +123,10 @@ void EformerStepWriter::Impl::discard() noexcept {
     std::lock_guard lock(mu);
     if (first_error.ok())
       first_error = status_or_out_of_memory([&] { return Status(Code::kCancelled, "step " + paths.final_dir + " aborted"); });
-    for (const EncodeJob& j : encode_q) pending -= j.raw.size();
+    for (const EncodeJob& j : encode_q) {  // what each would have paid as it ended (Impl::Owed)
+      pending -= j.reserved;
+      if (!j.borrowed.empty()) --borrowed;
+    }
     for (const IoJob& j : io_q) pending -= j.reserved;
     outstanding -= encode_q.size() + io_q.size();
     encode_q.clear();

@@ -28,6 +28,7 @@
 #include "src/layout/zarr/chunk_codec.h"
 #include "src/layout/zarr/chunk_grid.h"
 #include "src/layout/zarr/eformer_index.h"
+#include "src/layout/zarr/eformer_step.h"
 #include "src/save/commit.h"
 #include "src/util/box_runs.h"
 #include "src/util/json_free.h"
@@ -117,13 +118,17 @@ Status check_box(const ZArray& z, const std::string& name, const Box& box, uint6
   auto bad = [&](const std::string& why) { return invalid_argument("array " + name + ": box " + why); };
   if (box.start.size() != z.shape.size() || box.stop.size() != z.shape.size())
     return bad("has rank " + std::to_string(box.start.size()) + ", the array " + std::to_string(z.shape.size()));
+  // An empty box (a shard of a zero-size leaf) is a no-op wherever it lies
+  // inside the shape: it names no chunk.
+  bool empty = false;
+  for (size_t d = 0; d < z.shape.size(); ++d) empty = empty || box.start[d] == box.stop[d];
   uint64_t elements = 1;
   for (size_t d = 0; d < z.shape.size(); ++d) {
     const int64_t a = box.start[d], b = box.stop[d], n = z.shape[d], c = z.chunks[d];
     if (a < 0 || a > b || b > n)
       return bad("[" + std::to_string(a) + ", " + std::to_string(b) + ") in dimension " + std::to_string(d) +
                  " is not inside the shape (" + std::to_string(n) + ")");
-    if (a % c != 0 || (b % c != 0 && b != n))
+    if (!empty && (a % c != 0 || (b % c != 0 && b != n)))
       return bad("[" + std::to_string(a) + ", " + std::to_string(b) + ") in dimension " + std::to_string(d) +
                  " does not fall on chunk boundaries (chunks of " + std::to_string(c) + ")");
     elements *= static_cast<uint64_t>(b - a);
@@ -390,8 +395,25 @@ Result<std::unique_ptr<EformerStepWriter>> EformerStepWriter::start(Storage& sto
                                                 : plan_attempt(storage, final_dir, options.attempt);
   CKPTIO_ASSIGN_OR_RETURN(ListResult there, storage.list(final_dir + "/", true));
   const bool exists = !there.objects.empty() || !there.prefixes.empty();
-  if (exists && !options.overwrite)
-    return Status(Code::kAlreadyExists, storage.describe() + "/" + final_dir + " already exists (overwrite not set)");
+  if (exists && !options.overwrite) {
+    // On an object store, a step eformer's writer began and never finished
+    // (a killed save: no metadata.json, nothing but the layout's objects) is
+    // no step to any reader, and would refuse this step for good (a
+    // preempted job that resumes reaches the same step again): removed.
+    // Two writers of one step at once are refused by the manager here;
+    // across processes the layout has no way to tell them apart.
+    bool unfinished = false;
+    if (!paths.renames) {
+      CKPTIO_ASSIGN_OR_RETURN(ListResult all, storage.list(final_dir + "/", false));
+      unfinished = is_unfinished_eformer_step(final_dir, all.objects);
+    }
+    if (!unfinished)
+      return Status(Code::kAlreadyExists,
+                    storage.describe() + "/" + final_dir + " already exists (overwrite not set)");
+    logging::warn("ckptio: {}/{} holds a step a save began and never finished (no metadata.json): removing it",
+                  storage.describe(), final_dir);
+    CKPTIO_RETURN_IF_ERROR(storage.remove_prefix(final_dir + "/"));
+  }
   if (exists && !paths.renames) {
     // No atomic replacement on an object store: the old step stops being
     // one first (its commit markers go), then its objects.
@@ -418,9 +440,15 @@ Result<EformerArrayLayout::Array> EformerArrayLayout::add(const std::string& pre
     return invalid_argument("array " + name + ": " + std::to_string(z->num_chunks) + " chunks (at most 2^32)");
   auto dir = array_dir_of_key_path(prefix.empty() ? path : prefix + "." + path);
   if (!dir.ok()) return invalid_argument("array " + name + ": " + dir.status().message());
-  // No array's directory may equal or lie inside another's.
-  auto clash = names_by_dir_.lower_bound(*dir);
-  if (clash != names_by_dir_.end() && (clash->first == *dir || clash->first.starts_with(*dir + "/")))
+  // No array's directory may equal or lie inside another's. (Those inside
+  // start with dir + "/"; in byte order names such as "a/b-c" sort between
+  // "a/b" and them, so the range is looked up from dir + "/", not dir.)
+  auto clash = names_by_dir_.find(*dir);
+  if (clash == names_by_dir_.end()) {
+    clash = names_by_dir_.lower_bound(*dir + "/");
+    if (clash != names_by_dir_.end() && !clash->first.starts_with(*dir + "/")) clash = names_by_dir_.end();
+  }
+  if (clash != names_by_dir_.end())
     return invalid_argument("array " + name + ": its directory " + *dir + " holds array " + clash->second + "'s");
   for (std::string up = parent_of(*dir); !up.empty(); up = parent_of(up))
     if (auto it = names_by_dir_.find(up); it != names_by_dir_.end())
@@ -493,56 +521,68 @@ Status EformerStepWriter::write_chunks(size_t id, const Box& box, std::span<cons
     for (size_t i = 0; i < flats.size(); ++i)
       if (a.written[flats[i]])
         return invalid_argument("array " + name + ": chunk " + chunk_key(a.z, chunks[i]) + " was written already");
+    z = a.z;  // (what may throw first: the chunks are then not marked)
+    dir = a.dir;
     for (uint64_t f : flats) a.written[f] = true;
     a.written_count += flats.size();
-    z = a.z;
-    dir = a.dir;
   }
-  const uint64_t reserved = buffer_class(z.chunk_bytes);
-  for (const auto& idx : chunks) {
-    Impl::EncodeJob job;
-    job.key = s.key_of(dir + "/" + chunk_key(z, idx));
-    job.bytes = z.chunk_bytes;
-    job.reserved = reserved;
-    // Borrowed: encoded from the caller's memory (no copy); but a chunk that
-    // is not one run of it, or is stored raw (its buffer is written as is),
-    // is copied.
-    if (borrow && s.options.compressor.id != CodecId::kNone) job.borrowed = contiguous_chunk(z, box, bytes, idx);
-    CKPTIO_RETURN_IF_ERROR(s.reserve(reserved));
-    // Until the job is queued, the reservation is this call's to give back
-    // (on an error, or as an exception unwinds).
-    auto unreserve = [&] {
-      std::lock_guard lock(s.mu);
-      s.pending -= reserved;
-      s.progress_cv.notify_all();
-    };
-    Status copied;
-    try {
-      if (job.borrowed.empty()) {
-        Result<Buffer> raw = s.take_buffer(z.chunk_bytes, z.chunk_bytes);
-        copied = raw.status();
-        if (raw.ok()) {
-          job.raw = std::move(raw).value();
-          copied = copy_chunk(z, box, bytes, idx, job.raw.data());
+  // The box's chunks are marked written: whatever stops this before all are
+  // queued fails the writer, so that commit() cannot pass without them.
+  Status queued;
+  try {
+    queued = [&]() -> Status {
+      const uint64_t reserved = buffer_class(z.chunk_bytes);
+      for (const auto& idx : chunks) {
+        Impl::EncodeJob job;
+        job.key = s.key_of(dir + "/" + chunk_key(z, idx));
+        job.bytes = z.chunk_bytes;
+        job.reserved = reserved;
+        // Borrowed: encoded from the caller's memory (no copy); but a chunk that
+        // is not one run of it, or is stored raw (its buffer is written as is),
+        // is copied.
+        if (borrow && s.options.compressor.id != CodecId::kNone) job.borrowed = contiguous_chunk(z, box, bytes, idx);
+        CKPTIO_RETURN_IF_ERROR(s.reserve(reserved));
+        // Until the job is queued, the reservation is this call's to give back
+        // (on an error, or as an exception unwinds).
+        auto unreserve = [&] {
+          std::lock_guard lock(s.mu);
+          s.pending -= reserved;
+          s.progress_cv.notify_all();
+        };
+        Status copied;
+        try {
+          if (job.borrowed.empty()) {
+            Result<Buffer> raw = s.take_buffer(z.chunk_bytes, z.chunk_bytes);
+            copied = raw.status();
+            if (raw.ok()) {
+              job.raw = std::move(raw).value();
+              copied = copy_chunk(z, box, bytes, idx, job.raw.data());
+            }
+          }
+          if (copied.ok()) {
+            std::lock_guard lock(s.mu);
+            const bool borrowed = !job.borrowed.empty();
+            s.encode_q.push_back(std::move(job));
+            ++s.outstanding;  // after what may throw: drain() waits for queued jobs only
+            if (borrowed) ++s.borrowed;
+            s.encode_cv.notify_one();
+            continue;
+          }
+        } catch (...) {
+          unreserve();
+          throw;
         }
+        unreserve();
+        return copied.annotate("array " + name);
       }
-      if (copied.ok()) {
-        std::lock_guard lock(s.mu);
-        const bool borrowed = !job.borrowed.empty();
-        s.encode_q.push_back(std::move(job));
-        ++s.outstanding;  // after what may throw: drain() waits for queued jobs only
-        if (borrowed) ++s.borrowed;
-        s.encode_cv.notify_one();
-        continue;
-      }
-    } catch (...) {
-      unreserve();
-      throw;
-    }
-    unreserve();
-    return copied.annotate("array " + name);
+      return Status::OK();
+    }();
+  } catch (...) {
+    s.fail(status_of_exception("array " + name));
+    throw;
   }
-  return Status::OK();
+  if (!queued.ok()) s.fail(queued);
+  return queued;
 }
 
 Status EformerStepWriter::flush() {

@@ -284,6 +284,60 @@ TEST_P(AllocSweepMemory, EachAllocationOfTheEformerEncoderFailsOnlyItsStep) {
 TEST_P(AllocSweepMemory, EachAllocationOfTheEformerChunkWriterFailsOnlyItsStep) {
   sweep_eformer_thread(store(), "ckptio-zarr-io");
 }
+// write_box() on the caller's thread marks its box's chunks written, then
+// queues them: for n = 1, 2, ... its n-th allocation throws. A caller that
+// commits anyway (the exception ignored) gets a failed commit() or a step
+// that restores bit-exact. Before, the chunks not queued stayed marked
+// written, and commit() made a step naming chunks never written.
+TEST_P(AllocSweepMemory, EachAllocationOfWriteBoxFailsTheCommitOrNothing) {
+  const std::shared_ptr<Storage> storage = store();
+  CheckpointManager m(storage, {});
+  int threw = 0;
+  for (int64_t n = 1;; ++n) {
+    SCOPED_TRACE("allocation " + std::to_string(n) + " of write_box fails");
+    const std::vector<OwnedLeaf> state = small_state(n);
+    zarr::EformerWriteOptions o;
+    o.compressor.id = zarr::CodecId::kNone;  // each chunk copied on the caller's thread
+    auto w = zarr::EformerStepWriter::start(*storage, "run-" + std::to_string(n), n, o);
+    ASSERT_TRUE(w.ok()) << w.status().to_string();
+    std::vector<size_t> ids;
+    for (const OwnedLeaf& l : state) {
+      Shape chunks = l.shape;  // two chunks a 2-D leaf (rows split), one else
+      if (chunks.size() == 2 && chunks[0] > 1) chunks[0] = (chunks[0] + 1) / 2;
+      for (auto& c : chunks) c = std::max<decltype(c + 0)>(c, 1);
+      auto id = (*w)->add_array(l.prefix, l.path, l.dtype, l.shape, chunks);
+      ASSERT_TRUE(id.ok()) << id.status().to_string();
+      ids.push_back(*id);
+    }
+    testutil::fail_nth_allocation(std::this_thread::get_id(), n);
+    for (size_t i = 0; i < state.size(); ++i) {
+      try {
+        (void)(*w)->write_box(ids[i], Box::whole(state[i].shape), std::span<const std::byte>(state[i].bytes));
+      } catch (const std::bad_alloc&) {
+        ++threw;
+      }
+    }
+    const bool fired = testutil::disarm_allocation_failure();
+    const Status committed = (*w)->commit();
+    w->reset();
+    auto steps = m.all_steps();
+    ASSERT_TRUE(steps.ok()) << steps.status().to_string();
+    const bool listed = std::find(steps->begin(), steps->end(), n) != steps->end();
+    EXPECT_EQ(listed, committed.ok()) << committed.to_string();
+    if (committed.ok()) {
+      auto r = m.restore(n);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      testutil::expect_restored(*r, state);
+    }
+    if (!fired) {
+      ASSERT_TRUE(committed.ok()) << committed.to_string();
+      EXPECT_GT(n, 3) << "too few allocations in write_box: is the sweep armed on this thread?";
+      break;
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+  std::printf("sweep: write_box threw %d times\n", threw);
+}
 
 // The manager's reaper ("ckptio-reap", src/save/pipeline.cc): after a
 // commit, retention retires the oldest step at once (out of the committed

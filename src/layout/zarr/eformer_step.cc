@@ -85,6 +85,27 @@ bool looks_like_eformer_step(const std::string& dir, const std::vector<ListEntry
   return false;
 }
 
+bool is_unfinished_eformer_step(const std::string& dir, const std::vector<ListEntry>& objects) {
+  const std::string head = dir + "/";
+  auto chunk_key = [](std::string_view rel) {  // the last name: digits and '.' ("0", "1.0")
+    const std::string_view last = rel.substr(rel.rfind('/') + 1);
+    return !last.empty() && last.front() != '.' && last.back() != '.' &&
+           last.find_first_not_of("0123456789.") == std::string_view::npos;
+  };
+  bool any = false;
+  for (const ListEntry& o : objects) {
+    if (!o.key.starts_with(head)) continue;
+    const std::string_view rel = std::string_view(o.key).substr(head.size());
+    const bool top = rel.find('/') == std::string_view::npos;
+    if (top && rel == kEformerMetadataName) return false;
+    if (!(ends_with_zarray(rel) || (top && (rel == kEformerIndexName || prefix_of_index_name(rel).has_value())) ||
+          (!top && chunk_key(rel))))
+      return false;
+    any = true;
+  }
+  return any;
+}
+
 namespace {
 
 // metadata.json into `index`: its timestamp as the step's times, its text as

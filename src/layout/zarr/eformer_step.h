@@ -46,6 +46,14 @@ inline constexpr const char* kEformerLayout = "eformer";
 // show eformer's layout: a metadata.json, an eformer index or a .zarray.
 bool looks_like_eformer_step(const std::string& dir, const std::vector<ListEntry>& objects);
 
+// True if those objects are a step eformer's writer began and never
+// finished: eformer's layout, no metadata.json (eformer's commit marker),
+// and nothing but what the writer writes (.zarray files, indexes, chunk
+// keys such as "0.1" or "0/1"). On an object store the writer writes under
+// the step's own prefix, so a killed save leaves this (a user's other
+// files under a step's name never match).
+bool is_unfinished_eformer_step(const std::string& dir, const std::vector<ListEntry>& objects);
+
 // The step at `dir` ("run-12"; `step` parsed from the name) as an Index:
 // nullopt when the directory holds no eformer step; kNotFound (naming what
 // is missing) when it holds one that is not complete; the Index otherwise.

@@ -250,6 +250,65 @@ TEST_F(CliTest, DamagedIndexIsReportedByLsAndVerifyAll) {
   run({"synth", "check", dir_, "--step", "1"});
 }
 
+// A damaged newest step is kept by retention but not counted among the
+// steps to keep: before, `gc --keep-last 1` kept the damaged step 3 (it
+// counted as the newest) and deleted steps 1 and 2, exit 0, leaving no
+// intact step at all. The other commands say damage, not "nothing here".
+TEST_F(CliTest, ADamagedNewestStepIsNotCountedAmongTheStepsKept) {
+  synth_save(1, "64KiB", 5);
+  synth_save(2, "64KiB", 5);
+  synth_save(3, "64KiB", 5);
+  fs::resize_file(step_dir(3) + "/" + ckptio::kIndexFileName, 100);
+  run({"gc", dir_, "--keep-last", "1"});
+  EXPECT_FALSE(fs::exists(step_dir(1)));
+  EXPECT_TRUE(fs::exists(step_dir(2))) << "the newest intact step was deleted";
+  EXPECT_TRUE(fs::exists(step_dir(3))) << "a damaged step is left for a human";
+  run({"synth", "check", dir_});
+  // verify --step of a damaged step: its JSON report, exit 1 (before: no JSON).
+  json v = run_json({"verify", dir_, "--step", "3", "--json"}, 1);
+  EXPECT_EQ(v["ok"], false) << v.dump();
+  EXPECT_EQ(v["step"], 3) << v.dump();
+  run({"verify", dir_, "--step", "4", "--json"}, 3);
+  // Only damaged steps left: inspect fails naming the damage (exit 1), it
+  // does not say "no committed step" (exit 3).
+  fs::remove_all(step_dir(2));
+  CliResult in = run({"inspect", dir_}, 1);
+  EXPECT_NE(in.err.find("no intact committed step"), std::string::npos) << in.err;
+  EXPECT_NE(in.err.find("step 3"), std::string::npos) << in.err;
+}
+
+// Names from outside: a directory whose name is not UTF-8, and a leaf whose
+// name holds a terminal's escape sequences. --json prints JSON (before:
+// nlohmann's type_error 316, exit 1, after a save that committed), and the
+// tables and messages quote control bytes instead of sending them raw.
+TEST_F(CliTest, NamesFromOutsideNeitherBreakTheJsonNorReachTheTerminalRaw) {
+  const std::string odd = dir_ + "/caf\xe9";
+  json saved = run_json({"synth", "save", odd, "--step", "7", "--bytes", "64KiB", "--leaves", "3", "--json"});
+  EXPECT_EQ(saved["step"], 7) << saved.dump();
+  json ls = run_json({"ls", odd, "--json"});
+  ASSERT_EQ(ls.size(), 1u) << ls.dump();
+  EXPECT_NE(ls[0]["path"].get<std::string>().find("\xef\xbf\xbd"), std::string::npos) << ls.dump();
+  run_json({"gc", odd, "--min-age", "0", "--json"});
+
+  synth_save(1, "64KiB", 3);
+  const std::string index = step_dir(1) + "/" + ckptio::kIndexFileName;
+  std::ifstream in(index);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const std::string from = "\"path\": \"opt_state.count\"";
+  ASSERT_NE(text.find(from), std::string::npos) << text;
+  text.replace(text.find(from), from.size(), "\"path\": \"opt_state.\\u001b]0;pwned\\u0007\\u001b[2Jcount\"");
+  std::ofstream(index, std::ios::trunc) << text;
+  CliResult table = run({"inspect", dir_});
+  EXPECT_EQ(table.out.find('\x1b'), std::string::npos) << table.out;
+  EXPECT_EQ(table.out.find('\x07'), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("\\x1B[2Jcount"), std::string::npos) << table.out;
+  json j = run_json({"inspect", dir_, "--json"});
+  bool found = false;
+  for (const auto& l : j["leaves"]) found = found || l["path"] == "opt_state.\x1b]0;pwned\x07\x1b[2Jcount";
+  EXPECT_TRUE(found) << "the JSON keeps the name exactly (escaped by JSON): " << j.dump();
+}
+
 // The data file of a step, by name.
 std::string data_file_of(const std::string& step_dir) {
   for (const auto& e : fs::directory_iterator(step_dir)) {

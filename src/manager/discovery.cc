@@ -89,9 +89,12 @@ Result<std::vector<int64_t>> CheckpointManager::Impl::committed_steps(bool parse
       if (st.ok()) steps.push_back(it->step);
       else if (st.status().code() != Code::kNotFound) return st.status();
       if (st.ok()) continue;
-      // No ckptio index: committed only if it is a complete eformer step.
+      // No ckptio index: committed only if it is a complete eformer step
+      // (one ckptio cannot read, kUnimplemented, is: retention counts steps
+      // by age; before, one such step failed every retention).
       auto eformer = zarr::load_eformer_step(owner->storage(), it->name, it->step);
-      if (eformer.ok() && eformer->has_value()) steps.push_back(it->step);
+      if ((eformer.ok() && eformer->has_value()) || eformer.status().code() == Code::kUnimplemented)
+        steps.push_back(it->step);
       else if (!eformer.ok() && eformer.status().code() != Code::kNotFound && !eformer.status().data_loss())
         return eformer.status();
       continue;

@@ -7,6 +7,7 @@
 
 #include "src/manager/manager_impl.h"
 #include "src/save/commit.h"
+#include "src/util/log.h"
 
 namespace ckptio {
 
@@ -14,8 +15,26 @@ Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std:
                                       std::vector<std::string>* reap) {
   CKPTIO_ASSIGN_OR_RETURN(auto steps, committed_steps(/*parse=*/false, false));
   if (steps.empty() || max_to_keep <= 0) return Status::OK();
-  std::set<int64_t> keep(steps.end() - std::min<size_t>(steps.size(), max_to_keep), steps.end());
-  keep.insert(steps.back());  // never the latest
+  // The newest max_to_keep steps whose index reads, and every step newer
+  // than the oldest of them: a damaged step (an index truncated, or naming
+  // another step) or one ckptio cannot read (an eformer step's codec it
+  // lacks) is kept but not counted. Before, it was counted: a
+  // damaged newest step made `max_to_keep = 1` delete the only intact one.
+  // (Only the indexes of the steps kept are read, newest first.)
+  std::set<int64_t> keep;
+  int intact = 0;
+  for (auto it = steps.rbegin(); it != steps.rend() && intact < max_to_keep; ++it) {
+    keep.insert(*it);
+    auto index = load_index(naming.name(*it));  // (no ckptio index: a whole eformer step, as listed)
+    if (index.ok()) {
+      ++intact;
+    } else if (index.status().data_loss() || index.status().code() == Code::kUnimplemented) {
+      logging::warn("ckptio: retention keeps step {} but does not count it among the {} to keep: {}", *it,
+                    max_to_keep, index.status().to_string());
+    } else if (index.status().code() != Code::kNotFound) {  // (gone meanwhile: neither kept nor counted)
+      return index.status().annotate("retention: read the index of step " + std::to_string(*it));
+    }
+  }
   if (keep_every > 0)
     for (int64_t s : steps)
       if (s % keep_every == 0) keep.insert(s);

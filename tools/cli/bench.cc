@@ -407,7 +407,7 @@ int report_bench(const BenchCmd& o, const BenchSetup& setup, const std::vector<R
                           {"runs", std::move(runs_json)}};
     if (!cold) out["cold_cache_note"] = setup.cache_note;
     if (!error.empty()) out["error"] = error;
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", json_text(out).c_str());
   } else {
     std::printf("%s: save %.2f GB/s, save() stall %.1f ms (%.2f x one memcpy of %.1f ms), peak RSS %s "
                 "(limit %s: %s); restore %.2f GB/s into warm buffers, %.2f GB/s into fresh memory "

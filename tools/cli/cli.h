@@ -7,6 +7,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <condition_variable>
@@ -107,6 +108,17 @@ std::string format_table(const std::vector<std::vector<std::string>>& rows,
                          const std::vector<bool>& right = {});
 // Serialises a double with at most `digits` decimals (JSON-friendly).
 double round_to(double v, int digits);
+// `--json` output: indented, and text that is not UTF-8 (a directory's name,
+// a leaf's name from a checkpoint) replaced by U+FFFD rather than throwing
+// (nlohmann's type_error 316: the command's work was done, its report lost).
+std::string json_text(const nlohmann::json& j, int indent = 2);
+// format_time_iso(), or null for a time not recorded (<= 0: an eformer step
+// whose metadata.json has no timestamp; before, "1970-01-01T00:00:00.000Z").
+nlohmann::json iso_time_or_null(int64_t unix_ns);
+// Text from outside (names and messages from a checkpoint, a server) made
+// safe for a terminal: control bytes but newline and tab, and C1 controls
+// in UTF-8, as \xNN (an escape sequence in a leaf's name was sent raw).
+std::string terminal_text(std::string_view s);
 
 // ---- URIs and managers -----------------------------------------------------
 bool is_mem_uri(const std::string& uri);

@@ -227,8 +227,38 @@ std::string format_time_iso(int64_t unix_ns) {
   return out;
 }
 
-std::string format_table(const std::vector<std::vector<std::string>>& rows,
+std::string json_text(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+nlohmann::json iso_time_or_null(int64_t unix_ns) {
+  return unix_ns > 0 ? nlohmann::json(format_time_iso(unix_ns)) : nlohmann::json(nullptr);
+}
+
+std::string terminal_text(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const bool c1 = c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
+                    static_cast<unsigned char>(s[i + 1]) <= 0x9F;  // U+0080..U+009F
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7F || c1) {
+      char buf[16];
+      if (c1) std::snprintf(buf, sizeof buf, "\\xC2\\x%02X", static_cast<unsigned char>(s[++i]));
+      else std::snprintf(buf, sizeof buf, "\\x%02X", c);
+      out += buf;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+std::string format_table(const std::vector<std::vector<std::string>>& rows_in,
                          const std::vector<bool>& right) {
+  std::vector<std::vector<std::string>> rows = rows_in;  // (cells may quote a checkpoint's names)
+  for (auto& row : rows)
+    for (auto& cell : row) cell = terminal_text(cell);
   std::vector<size_t> width;
   for (const auto& row : rows)
     for (size_t c = 0; c < row.size(); ++c) {
@@ -360,7 +390,18 @@ Index resolve_index(CheckpointManager& m, const std::string& uri, std::optional<
   if (!step) {
     auto latest = m.latest_step();
     if (!latest.ok()) fail_status(latest.status(), "find the latest step at " + uri);
-    if (!latest->has_value()) fail(kExitNotFound, "no committed step at " + uri);
+    if (!latest->has_value()) {
+      // Steps there, every one damaged: a failure, not "nothing here" (a
+      // wrapper that reads exit 3 as a fresh start would start over on top
+      // of them). committed_or_damaged_steps exits 3 when there is none.
+      const std::vector<int64_t> damaged = committed_or_damaged_steps(m, uri);
+      const Status why = m.read_index(damaged.back()).status();
+      fail(kExitFailed, "no intact committed step at " + uri + ": " +
+                            (damaged.size() == 1 ? "step " : "the newest of " + std::to_string(damaged.size()) +
+                                                                 " damaged steps, ") +
+                            std::to_string(damaged.back()) + ", is damaged: " +
+                            (why.ok() ? std::string("(its index now reads)") : why.message()));
+    }
     step = **latest;
   }
   auto index = m.read_index(*step);
@@ -383,7 +424,10 @@ std::vector<int64_t> committed_or_damaged_steps(CheckpointManager& m, const std:
     }
     const Status st = m.read_index(d.step).status();
     if (st.code() == Code::kNotFound) continue;  // not committed: a save in progress, a dead attempt
-    if (!st.data_loss()) fail_status(st, "step " + std::to_string(d.step));
+    // Damaged, or a step ckptio cannot read (an eformer step's codec it
+    // lacks): listed, for the caller to report (before, one such step
+    // stopped verify and synth check before the newer steps were checked).
+    if (!st.data_loss() && st.code() != Code::kUnimplemented) fail_status(st, "step " + std::to_string(d.step));
     steps.push_back(d.step);
   }
   if (steps.empty()) fail(kExitNotFound, "no committed step at " + uri);

@@ -112,7 +112,7 @@ int run_cp(const GlobalOptions& g, const CpOptions& o) {
                           {"bytes", bytes},         {"seconds", round_to(secs, 4)},
                           {"gbps", round_to(gbps(bytes, secs), 4)}};
     if (!st.ok()) out["error"] = st.to_string();
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", json_text(out).c_str());
   } else if (o.all && st.ok()) {
     std::printf("copied %zu step%s (%s) and skipped %zu from %s to %s in %s (%s)\n", copied,
                 copied == 1 ? "" : "s", format_bytes(bytes).c_str(), skipped, o.src.c_str(),

@@ -30,7 +30,10 @@ int run_gc(const GlobalOptions& g, const GcArgs& o) {
   const std::vector<StepInfo> before = list_dirs(*m, o.uri);
   Status st;
   if (o.keep_last > 0) st = m->apply_retention(o.keep_last, o.keep_every).annotate("retention");
-  if (st.ok()) st = m->gc(GcOptions{o.min_age}).annotate("gc");
+  // gc runs whatever retention said (one step it could not delete is no
+  // reason to keep every leftover); the first error is reported.
+  Status collected = m->gc(GcOptions{o.min_age}).annotate("gc");
+  if (st.ok()) st = collected;
   const std::vector<StepInfo> after = list_dirs(*m, o.uri);
 
   std::set<std::string> left;
@@ -51,7 +54,7 @@ int run_gc(const GlobalOptions& g, const GcArgs& o) {
     nlohmann::json out = {{"removed", r}, {"freed_bytes", freed}, {"kept_steps", kept},
                           {"ok", st.ok()}};
     if (!st.ok()) out["error"] = st.to_string();
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", json_text(out).c_str());
   } else {
     for (const StepInfo* s : removed)
       std::printf("removed %s (%s, %s)\n", s->name.c_str(),

@@ -41,12 +41,12 @@ int run_inspect(const GlobalOptions& g, const InspectOptions& o) {
                           {"layout", index.layout},
                           {"path", join_uri(o.uri, step_dir_name(g, index.step))},
                           {"bytes", index.total_bytes()},
-                          {"created_at", format_time_iso(index.created_unix_ns)},
-                          {"committed_at", format_time_iso(index.committed_unix_ns)},
+                          {"created_at", iso_time_or_null(index.created_unix_ns)},
+                          {"committed_at", iso_time_or_null(index.committed_unix_ns)},
                           {"metadata", metadata_value(index.metadata_json)},
                           {"files", std::move(files)},
                           {"leaves", std::move(leaves)}};
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", json_text(out).c_str());
     return kExitOk;
   }
 
@@ -59,7 +59,7 @@ int run_inspect(const GlobalOptions& g, const InspectOptions& o) {
   std::printf("%s in %zu leaves, %zu prefixes, %zu data file%s\n",
               format_bytes(index.total_bytes()).c_str(), num_leaves, index.prefixes.size(),
               index.files.size(), index.files.size() == 1 ? "" : "s");
-  std::printf("metadata %s\n\n", metadata_value(index.metadata_json).dump().c_str());
+  std::printf("metadata %s\n\n", json_text(metadata_value(index.metadata_json), -1).c_str());
   std::vector<std::vector<std::string>> rows = {{"PREFIX", "PATH", "DTYPE", "SHAPE", "BYTES", "SHARDS"}};
   for (const PrefixRecord& p : index.prefixes)
     for (const LeafRecord& l : p.leaves)

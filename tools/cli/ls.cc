@@ -41,14 +41,14 @@ int run_ls(const GlobalOptions& g, const LsOptions& o) {
                           {"bytes", s.bytes},
                           {"path", join_uri(o.uri, s.name)}};
       if (s.committed) {
-        e["committed_at"] = format_time_iso(s.committed_unix_ns);
+        e["committed_at"] = iso_time_or_null(s.committed_unix_ns);
         e["committed_unix_ns"] = s.committed_unix_ns;
         e["layout"] = s.layout;
       }
       if (!why.empty()) e["error"] = why;
       out.push_back(std::move(e));
     }
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", json_text(out).c_str());
     return kExitOk;
   }
 

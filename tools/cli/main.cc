@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
     return run();
   } catch (const CliError& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "ckptio: %s\n", e.what());
+    std::fprintf(stderr, "ckptio: %s\n", terminal_text(e.what()).c_str());
     return e.code();
   } catch (const std::bad_alloc&) {
     std::fflush(stdout);
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
     return kExitFailed;
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "ckptio: %s\n", e.what());
+    std::fprintf(stderr, "ckptio: %s\n", terminal_text(e.what()).c_str());
     return kExitFailed;
   }
 }

@@ -323,7 +323,7 @@ int run_save(const GlobalOptions& g, const SaveCmd& o) {
                           {"write_seconds", round_to(stats.write_seconds, 4)},
                           {"commit_seconds", round_to(stats.commit_seconds, 4)},
                           {"generate_seconds", round_to(gen_seconds, 4)}};
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", json_text(out).c_str());
   } else {
     std::printf("saved step %lld to %s: %s in %zu leaves (d=%lld, vocab=%lld, %lld layers)\n",
                 static_cast<long long>(o.step), join_uri(o.uri, dir).c_str(),
@@ -384,7 +384,8 @@ int run_check(const GlobalOptions& g, const CheckCmd& o) {
     skipped.push_back({{"step", step}, {"error", c.error}});
     skipped_text += (skipped_text.empty() ? "" : ", ") + std::to_string(step);
     if (!o.json)
-      std::printf("step %lld: skipped, damaged: %s\n", static_cast<long long>(step), c.error.c_str());
+      std::printf("step %lld: skipped, damaged: %s\n", static_cast<long long>(step),
+                  terminal_text(c.error).c_str());
     std::fflush(stdout);
   }
   if (!c.verified && !skipped.empty() && skipped.size() == candidates.size()) {
@@ -405,7 +406,7 @@ int run_check(const GlobalOptions& g, const CheckCmd& o) {
                           {"verified", c.verified},
                           {"skipped", skipped}};
     if (!c.verified) out["error"] = c.error;
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", json_text(out).c_str());
   } else if (c.verified) {
     std::printf("step %lld: %s in %zu leaves match the generator bit for bit; restore took %s (%s)\n",
                 static_cast<long long>(c.step), format_bytes(c.bytes).c_str(), c.leaves,

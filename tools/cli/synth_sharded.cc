@@ -163,7 +163,7 @@ std::pair<std::vector<Json>, Json> fork_processes(int n, Fn&& fn) {
     if (pid == 0) {
       ::close(fds[0]);
       for (auto& k : kids) ::close(k.second);
-      const std::string out = fn(p).dump() + "\n";
+      const std::string out = json_text(fn(p), -1) + "\n";
       (void)!::write(fds[1], out.data(), out.size());
       std::fflush(stdout);
       ::_exit(0);
@@ -426,7 +426,7 @@ int run_sharded_save(const GlobalOptions& g, const ShardingArgs& args, const Sha
                 {"commit_seconds", round_to(max_of(results, "commit_seconds"), 4)},
                 {"generate_seconds", round_to(max_of(results, "generate_seconds"), 4)},
                 {"wall_seconds", round_to(wall, 4)}};
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", json_text(out).c_str());
   } else {
     std::printf("saved step %lld to %s: %s (of a %s state in %zu leaves) by %d process(es) over mesh %s\n",
                 static_cast<long long>(a.step), path.c_str(), format_bytes(bytes).c_str(),
@@ -480,7 +480,7 @@ int run_sharded_check(const GlobalOptions& g, const ShardingArgs& args, const Sh
                 {"ready_monotonic_s", round_to(max_of(results, "ready_monotonic_s"), 4)},
                 {"verified", error.empty()}};
     if (!error.empty()) out["error"] = error;
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", json_text(out).c_str());
   } else if (error.empty()) {
     std::printf("step %lld restored into mesh %s by %d process(es): every device buffer matches the generator\n",
                 static_cast<long long>(step), s.mesh.to_string().c_str(), s.processes);

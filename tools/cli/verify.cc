@@ -22,7 +22,12 @@ int run_verify(const GlobalOptions& g, const VerifyOptions& o) {
   auto m = open_manager(g, o.uri, Access::kRead);
   std::vector<int64_t> steps;
   if (o.step) {
-    steps.push_back(resolve_index(*m, o.uri, o.step).step);
+    // A step that is there but damaged is reported as the others are (in
+    // the JSON too); only one that is not there fails here (exit 3).
+    auto index = m->read_index(*o.step);
+    if (!index.ok() && index.status().code() == Code::kNotFound)
+      fail_status(index.status(), "step " + std::to_string(*o.step), kExitNotFound);
+    steps.push_back(*o.step);
   } else {
     // Every committed step, including those whose index is damaged (which
     // all_steps() and restore-latest skip with a warning): verify reports
@@ -60,10 +65,10 @@ int run_verify(const GlobalOptions& g, const VerifyOptions& o) {
                   format_bytes(bytes).c_str(), format_seconds(secs).c_str(),
                   format_gbps(bytes, secs).c_str());
     else
-      std::printf("step %lld: FAILED: %s\n", static_cast<long long>(step), st.to_string().c_str());
+      std::printf("step %lld: FAILED: %s\n", static_cast<long long>(step), terminal_text(st.to_string()).c_str());
     std::fflush(stdout);
   }
-  if (o.json) std::printf("%s\n", (o.all ? results : results[0]).dump(2).c_str());
+  if (o.json) std::printf("%s\n", json_text(o.all ? results : results[0]).c_str());
   if (!first_error.empty()) fail(kExitFailed, first_error);
   return kExitOk;
 }

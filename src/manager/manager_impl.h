@@ -65,6 +65,9 @@ struct CheckpointManager::Impl {
   // removal deletes), nor saved while it is being removed.
   std::multiset<std::string> saves_in_flight;
   std::set<std::string> steps_being_removed;
+  // Steps whose index this manager wrote or read whole: retention counts
+  // them as intact without reading their index again (retain()).
+  std::set<int64_t> known_intact;
   // While a gc runs: every attempt (and eformer step) in flight at any
   // moment of it. gc spares these, not only those in flight when it looks:
   // a save that commits after gc found its step without an index has left

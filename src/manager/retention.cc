@@ -25,9 +25,18 @@ Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std:
   int intact = 0;
   for (auto it = steps.rbegin(); it != steps.rend() && intact < max_to_keep; ++it) {
     keep.insert(*it);
+    {
+      std::lock_guard lock(mu);
+      if (known_intact.count(*it)) {  // (committed or read whole here: no read after each commit)
+        ++intact;
+        continue;
+      }
+    }
     auto index = load_index(naming.name(*it));  // (no ckptio index: a whole eformer step, as listed)
     if (index.ok()) {
       ++intact;
+      std::lock_guard lock(mu);
+      known_intact.insert(*it);  // (what this throws fails this retention only)
     } else if (index.status().data_loss() || index.status().code() == Code::kUnimplemented) {
       logging::warn("ckptio: retention keeps step {} but does not count it among the {} to keep: {}", *it,
                     max_to_keep, index.status().to_string());
@@ -65,6 +74,10 @@ Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std:
       return retire_committed_step(owner->storage(), naming.name(s));
     }();
     Status st = rest.status();
+    if (rest.ok()) {
+      std::lock_guard lock(mu);
+      known_intact.erase(s);
+    }
     if (rest.ok() && reap) reap->push_back(std::move(*rest));
     else if (rest.ok()) st = owner->storage().remove_prefix(*rest);
     if (st.ok() && deleted) deleted->push_back(s);
@@ -95,6 +108,10 @@ Status CheckpointManager::Impl::remove_step(int64_t step) {
     }
   } unmark{*this, dir};
   ReplaceMark mark(this, step);  // waits for the step's readers, and holds new ones off
+  {
+    std::lock_guard lock(mu);
+    known_intact.erase(step);
+  }
   return delete_committed_step(owner->storage(), dir);
 }
 

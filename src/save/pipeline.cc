@@ -257,6 +257,10 @@ void CheckpointManager::Impl::finish_job(SaveJob& job, const Status& st, const S
   // retention (`retaining`).
   {
     std::lock_guard lock(mu);
+    try {
+      if (st.ok()) known_intact.insert(job.step);
+    } catch (...) {  // (std::bad_alloc: retention reads its index instead)
+    }
     if (!kept.ok() && first_error.ok()) first_error = std::move(kept);
     --in_flight;
     if (retention) ++retaining;

@@ -333,6 +333,31 @@ TEST_P(EformerStepTest, AMissingChunkIsAnErrorUnlessFilled) {
   EXPECT_TRUE(bytes_of(f->leaves[0].data) == want);
 }
 
+// A .zarray whose bytes fit in 64 bits as saved (bfloat16 [2^62 + 1]) but
+// not once cast (float32): refused, before any allocation. Before, the
+// restore read an empty optional as the buffer's size.
+TEST_P(EformerStepTest, ACastWhoseBytesOverflowIsRefused) {
+  for (const std::string& k : keys_)
+    if (k.rfind("run-200/model/layers/0/kernel/", 0) == 0 && k != "run-200/model/layers/0/kernel/.zarray")
+      ASSERT_TRUE(base_->remove(k).ok()) << k;
+  const int64_t huge = (int64_t{1} << 62) + 1;
+  edit_json("run-200/model/layers/0/kernel/.zarray", [&](nlohmann::json& j) {
+    j["chunks"] = {int64_t{1} << 20};  // (a chunk holds at most 16 GiB)
+    j["shape"] = {huge};
+  });
+  edit_json("run-200/tensorstore_index.json", [&](nlohmann::json& j) {
+    for (auto& a : j["prefixes"]["model"])
+      if (a["path"] == "model/layers/0/kernel") a["shape"] = {huge};
+  });
+  RestoreOptions o;
+  o.select.path_regex = "^layers\\.0\\.kernel$";
+  o.fill_missing_chunks = true;
+  o.float_dtype = DType::kFloat32;
+  auto r = manager()->restore(200, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status().to_string();
+}
+
 // A .zarray may declare a grid of millions of tiny chunks and store a few.
 // A restore planned an entry per chunk its targets overlap, stored or not
 // (a billion 1-byte chunks: 16 GiB of plan before the first error); beyond

@@ -1360,6 +1360,52 @@ TEST_P(ManagerTest, FloatDtypeCastOnSave) {
   EXPECT_EQ(got[1], -2.5f);
 }
 
+// A destination in `into` takes no cast, and that is found before any read:
+// 1,100 int32 leaves, then one float32 leaf, every one with a destination,
+// restored with float_dtype = bfloat16. Before, the first 1,024 leaves (the
+// first chunk of the plan) were read into the caller's buffers before the
+// float leaf's cast was refused. A float_dtype that is not a float dtype is
+// refused before any read too.
+TEST_P(ManagerTest, ACastIntoADestinationIsRefusedBeforeAnyRead) {
+  auto m = manager();
+  constexpr size_t kInts = 1100;
+  std::vector<int32_t> ints(kInts);
+  for (size_t i = 0; i < kInts; ++i) ints[i] = static_cast<int32_t>(i) + 1;
+  std::vector<float> w = {1.5f, -2.0f};
+  std::vector<LeafView> state;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < kInts; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof name, "i%05zu", i);
+    names.push_back(name);
+  }
+  for (size_t i = 0; i < kInts; ++i)
+    state.push_back(LeafView::full("model", names[i], DType::kInt32, {1}, &ints[i]));
+  state.push_back(LeafView::full("model", "z.w", DType::kFloat32, {2}, w.data()));
+  ASSERT_TRUE(m->save(1, state).value().wait().ok());
+  std::vector<int32_t> got(kInts, -7);
+  std::vector<float> got_w(2, -7.0f);
+  RestoreOptions o;
+  for (size_t i = 0; i < kInts; ++i) o.into.push_back({"model", names[i], &got[i], sizeof(int32_t)});
+  o.into.push_back({"model", "z.w", got_w.data(), sizeof(float) * 2});
+  o.float_dtype = DType::kBFloat16;
+  auto r = m->restore(1, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status().to_string();
+  EXPECT_NE(r.status().message().find("cannot take a cast"), std::string::npos) << r.status().to_string();
+  EXPECT_EQ(std::count(got.begin(), got.end(), -7), static_cast<long>(kInts)) << "a destination was written";
+  EXPECT_EQ(got_w, std::vector<float>(2, -7.0f));
+  o.float_dtype = DType::kInt32;
+  r = m->restore(1, o);
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status().to_string();
+  EXPECT_EQ(std::count(got.begin(), got.end(), -7), static_cast<long>(kInts)) << "a destination was written";
+  o.float_dtype.reset();  // and without a cast, all of them are filled
+  r = m->restore(1, o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(got, ints);
+  EXPECT_EQ(got_w, w);
+}
+
 TEST_P(ManagerTest, MultiShardLeafIsScatteredBack) {
   // A 6x10 float32 leaf held as four shards (a 2x2 grid of uneven boxes).
   auto m = manager();

@@ -755,14 +755,14 @@ TEST(DecodeCrewTest, TasksAfterAnErrorAreCalledToSkip) {
   std::condition_variable cv;
   bool go = false;
   std::vector<int> skipped, ran;
-  crew.submit([&](ChunkDecoder&, DecodeCrew::Scratch&, bool skip) {
+  crew.submit([&](ChunkDecoder*, DecodeCrew::Scratch&, bool skip) {
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return go; });  // the rest queue up behind it
     (skip ? skipped : ran).push_back(0);
     return Status(Code::kDataLoss, "chunk 0 is damaged");
   });
   for (int i = 1; i <= 4; ++i)
-    crew.submit([&, i](ChunkDecoder&, DecodeCrew::Scratch&, bool skip) {
+    crew.submit([&, i](ChunkDecoder*, DecodeCrew::Scratch&, bool skip) {
       std::lock_guard lock(mu);
       (skip ? skipped : ran).push_back(i);
       return Status::OK();
@@ -785,7 +785,7 @@ TEST(DecodeCrewTest, ScratchAboveTheBoundIsFreedBetweenChunks) {
   DecodeCrew crew(1);
   std::vector<size_t> seen;  // the scratch's capacity each task found
   auto task = [&](size_t grow) {
-    crew.submit([&seen, grow](ChunkDecoder&, DecodeCrew::Scratch& scratch, bool) {
+    crew.submit([&seen, grow](ChunkDecoder*, DecodeCrew::Scratch& scratch, bool) {
       seen.push_back(scratch.capacity());
       if (grow) scratch.get(grow);
       return Status::OK();
@@ -812,7 +812,7 @@ TEST(DecodeCrewTest, ScratchOfAllThreadsStaysWithinTheBudget) {
   std::atomic<int> running{0}, most{0}, most_beside_big{0};
   std::atomic<bool> big_running{false};
   auto task = [&](size_t n) {
-    crew.submit([&, n](ChunkDecoder&, DecodeCrew::Scratch& scratch, bool) {
+    crew.submit([&, n](ChunkDecoder*, DecodeCrew::Scratch& scratch, bool) {
       std::span<std::byte> b = scratch.get(n);
       if (b.size() != n) return Status(Code::kInternal, "short scratch");
       const int now = ++running;

@@ -61,7 +61,9 @@ class DecodeCrew {
     size_t counted_ = 0;  // of the budget, held by the task running
   };
 
-  using Task = std::function<Status(zarr::ChunkDecoder&, Scratch&, bool skip)>;
+  // The decoder is null when skip (then no decoder may have been made: the
+  // thread's first one failed to allocate).
+  using Task = std::function<Status(zarr::ChunkDecoder*, Scratch&, bool skip)>;
   // A system that refuses some of the threads (or the memory for them)
   // leaves the crew with fewer; one that refuses all, the exception.
   explicit DecodeCrew(unsigned n, size_t scratch_budget = kScratchBudget)
@@ -132,12 +134,23 @@ class DecodeCrew {
       const bool skip = !error_.ok();
       lock.unlock();
       Status st;
+      bool called = false;
       try {
-        if (!decoder) decoder.emplace();
-        st = t(*decoder, scratch, skip);
+        if (!skip && !decoder) decoder.emplace();
+        called = true;
+        st = t(skip ? nullptr : &*decoder, scratch, skip);
       } catch (...) {  // std::bad_alloc (a chunk's scratch): the restore fails, the process goes on
         st = status_of_exception("decoding a chunk");
         std::vector<std::byte>().swap(scratch.buf_);
+      }
+      // The decoder could not be made: the task still gives back what it
+      // holds (before, it was dropped uncalled, and the reader waited for
+      // its compressed bytes to drain for ever).
+      if (!called) {
+        try {
+          (void)t(nullptr, scratch, true);
+        } catch (...) {
+        }
       }
       t = nullptr;  // frees what the task holds before it counts as done
       if (scratch.buf_.capacity() > keep_) std::vector<std::byte>().swap(scratch.buf_);

@@ -470,6 +470,10 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
   std::atomic<uint64_t> prefaulted{0};
   std::future<void> prefault;
   if (options.prefault) prefault = prefault_targets(jobs, &prefaulted, &reads_done);
+  struct StopPrefault {  // on every way out, a throw too: before `prefault` waits for its thread
+    std::atomic<bool>& done;
+    ~StopPrefault() { done.store(true, std::memory_order_relaxed); }
+  } stop_prefault{reads_done};
   uint64_t to_read = 0;
   for (const ExecRead& r : reads)
     if (!r.filler) to_read += r.length;

@@ -241,6 +241,17 @@ class WholeRestore : public ReadConsumer {
     release(leaf_end);
     progress_.update(payload_);
   }
+  // A restore that failed (a read's error, damage, a throwing progress
+  // hook) stops the prefault thread too, before prefaults_ waits for it:
+  // before, it went on faulting in every fresh leaf (GiBs) first.
+  ~WholeRestore() override { reads_done_.store(true, std::memory_order_relaxed); }
+  // Every leaf's cast is one it can take, checked before any read (a
+  // destination in `into` takes none: before, the check came chunk by
+  // chunk, after earlier chunks had overwritten the caller's buffers).
+  Status check_casts() const {
+    for (size_t i = 0; i < selected_.size(); ++i) CKPTIO_RETURN_IF_ERROR(restored_dtype(i).status());
+    return Status::OK();
+  }
   void finish() {
     reads_done_.store(true, std::memory_order_relaxed);  // the prefault thread stops at its next slice
     for (auto& f : prefaults_) f.wait();
@@ -595,6 +606,7 @@ Status restore_whole(Storage& storage, const std::string& step_dir, const Index&
   const auto t0 = Clock::now();
   CKPTIO_ASSIGN_OR_RETURN(auto dests, match_destinations(selected, options.into));
   WholeRestore restore(storage, step_dir, index, selected, options, std::move(dests), out);
+  CKPTIO_RETURN_IF_ERROR(restore.check_casts());
   ReadExecutorLimits limits;
   limits.batch_bytes = kBatchBytes;
   limits.staging_bytes = kScratchPerBatch;

@@ -142,16 +142,29 @@ class ZarrConsumer : public ReadConsumer {
       std::lock_guard lock(mu_);
       queued_ += jobs_[i].shard->length;
     }
-    crew_.submit([this, i](zarr::ChunkDecoder& d, DecodeCrew::Scratch& scratch, bool skip) {
-      Status st = skip ? Status::OK() : decode(jobs_[i], d, scratch);
-      const uint64_t n = jobs_[i].shard->length;
+    crew_.submit([this, i](zarr::ChunkDecoder* d, DecodeCrew::Scratch& scratch, bool skip) {
+      // The chunk's compressed bytes go back on every way out, a throw from
+      // decode() too (std::bad_alloc): before, a throw kept them counted, and
+      // the reader's next destination() waited for them for ever.
+      struct GiveBack {
+        ZarrConsumer& c;
+        size_t i;
+        ~GiveBack() {
+          const uint64_t n = c.jobs_[i].shard->length;
+          {
+            std::lock_guard lock(c.mu_);
+            c.buffers_.give_back(std::exchange(c.jobs_[i].compressed, nullptr));
+            c.held_ -= n;
+            c.queued_ -= n;
+          }
+          c.cv_.notify_all();
+        }
+      };
+      Status st;
       {
-        std::lock_guard lock(mu_);
-        buffers_.give_back(std::exchange(jobs_[i].compressed, nullptr));
-        held_ -= n;
-        queued_ -= n;
+        GiveBack back{*this, i};
+        st = skip ? Status::OK() : decode(jobs_[i], *d, scratch);
       }
-      cv_.notify_all();
       if (!st.ok() && verify_) {
         note(st.message());
         return Status::OK();
@@ -601,7 +614,13 @@ Status restore_zarr(Storage& storage, const std::string& step_dir, int64_t step,
     L.fresh = dest == nullptr;
     first_buffer[i] = buffers.size();
     for (const Box& b : L.targets) {
-      const uint64_t bytes = *checked_num_bytes(b, dtype_size(t.dtype));  // inside a shape whose bytes fit
+      // Inside a shape whose saved bytes fit in 64 bits, but a cast to a
+      // wider dtype may not (a hostile .zarray: bfloat16 [2^62 + 1]).
+      const std::optional<uint64_t> cast_bytes = checked_num_bytes(b, dtype_size(t.dtype));
+      if (!cast_bytes)
+        return invalid_argument("restore " + L.name + ": its " + std::string(dtype_name(t.dtype)) +
+                                " bytes do not fit in 64 bits");
+      const uint64_t bytes = *cast_bytes;
       buffers.push_back(dest ? Buffer::wrap(dest->data, dest->size) : Buffer::allocate(bytes, 64));
       L.target_ptrs.push_back(buffers.back().data());
       out->stats.bytes_needed += *checked_num_bytes(b, dtype_size(rec->dtype));
@@ -645,8 +664,8 @@ Status restore_zarr(Storage& storage, const std::string& step_dir, int64_t step,
   ProgressReport progress(options.on_progress, to_read);
   ZarrConsumer consumer(storage, step, leaves, jobs, keys, progress, /*verify=*/false, options.prefault);
   for (ChunkJob& j : missing.jobs)
-    consumer.crew().submit([&consumer, &j](zarr::ChunkDecoder& d, DecodeCrew::Scratch& s, bool skip) {
-      return skip ? Status::OK() : consumer.decode(j, d, s);
+    consumer.crew().submit([&consumer, &j](zarr::ChunkDecoder* d, DecodeCrew::Scratch& s, bool skip) {
+      return skip ? Status::OK() : consumer.decode(j, *d, s);
     });
   ReadExecutorLimits el;
   el.batch_bytes = kBatchBytes;

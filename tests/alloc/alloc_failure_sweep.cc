@@ -42,6 +42,7 @@
 #include "testutil/backend_fixture.h"
 #include "testutil/leftovers.h"
 #include "testutil/owned_leaves.h"
+#include "testutil/random_bytes.h"
 #include "testutil/s3_store.h"
 
 namespace ckptio {
@@ -616,6 +617,46 @@ TEST_P(AllocSweep, EachAllocationOfAnEformerRestoreFailsOnlyThatRestore) {
 }
 TEST_P(AllocSweep, EachAllocationOfAShardedEformerRestoreFailsOnlyThatRestore) {
   sweep_restore(store(), true, "eformer");
+}
+// The decode threads ("ckptio-decode") of an eformer restore whose chunks
+// are large (24 MiB, random, so compressed about as large): the n-th of
+// their allocations throws (n = 1: a thread's first, its decoder). The
+// restore returns OK or kResourceExhausted, at once. Before, the chunk whose
+// task threw (or was dropped uncalled) stayed counted as held, and the
+// reader waited for room among the 64 MiB of compressed chunks for ever.
+TEST_P(AllocSweepMemory, AnAllocationRefusedToADecodeThreadFailsTheRestoreWithoutAHang) {
+  const std::shared_ptr<Storage> storage = store();
+  ManagerOptions o;
+  o.layout = "eformer";
+  constexpr int64_t kRows = 4, kCols = int64_t{6} << 20;  // float32: 24 MiB a row, a chunk each
+  const std::vector<std::byte> data = testutil::random_bytes(kRows * kCols * 4, 77);
+  LeafView leaf{"model", "big", DType::kFloat32, {kRows, kCols}, {}};
+  for (int64_t r = 0; r < kRows; ++r) leaf.shards.push_back({Box{{r, 0}, {r + 1, kCols}}, data.data() + r * kCols * 4});
+  CheckpointManager m(storage, o);
+  ASSERT_TRUE(m.save(1, {leaf}).value().wait().ok());
+  int failed = 0;
+  for (int64_t n : {1, 2, 3, 4, 6, 10, 16}) {
+    SCOPED_TRACE("allocation " + std::to_string(n) + " of the decode threads fails");
+    testutil::fail_nth_allocation_of_threads_named("ckptio-decode", n);
+    auto restoring = std::async(std::launch::async, [&m] { return m.restore(1); });
+    if (restoring.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
+      std::fprintf(stderr, "restore still running 120 s after a decode thread's allocation %lld failed\n",
+                   static_cast<long long>(n));
+      std::_Exit(1);  // (the restore's threads hold the manager)
+    }
+    const bool fired = testutil::disarm_allocation_failure();
+    auto r = restoring.get();
+    if (!r.ok()) {
+      ++failed;
+      EXPECT_TRUE(fired) << r.status().to_string();
+      EXPECT_EQ(r.status().code(), Code::kResourceExhausted) << r.status().to_string();
+      continue;
+    }
+    ASSERT_EQ(r->leaves.size(), 1u);
+    ASSERT_EQ(r->leaves[0].data.size(), data.size());
+    EXPECT_EQ(std::memcmp(r->leaves[0].data.data(), data.data(), data.size()), 0);
+  }
+  EXPECT_GT(failed, 0) << "no restore failed: is the sweep armed on the decode threads?";
 }
 
 // copy_step, on the caller's thread (reading the indexes, planning, the

@@ -376,6 +376,11 @@ def writable_view(obj, kind, name):
         if not obj.is_contiguous():
             raise errors.InvalidArgument(f"into '{name}': the tensor is not contiguous")
         t = obj.detach()
+        # A conj or neg view is a lazy view: writes to its memory would not be
+        # what it shows (and numpy() raised a bare RuntimeError).
+        if (hasattr(t, "is_conj") and t.is_conj()) or (hasattr(t, "is_neg") and t.is_neg()):
+            raise errors.InvalidArgument(f"into '{name}': a conjugate or negative view; restore into a "
+                                         f"plain tensor (resolve_conj(), resolve_neg())")
         if t.dtype == torch.bfloat16:
             return t.view(torch.int16).numpy().view(np.uint16)
         return t.numpy()

@@ -380,9 +380,9 @@ class Shards:
         """The global array assembled from the shards (any replica); raises
         InvalidArgument if they leave part of it uncovered."""
         if not self.shards:
-            if int(np.prod(self.shape)) == 0:
+            if int(np.prod(self.shape)) == 0:  # (a RawArray for bfloat16 / float8 without ml_dtypes, as below)
                 carrier = _leaves.numpy_dtype(self.dtype) or _leaves.RAW_CARRIERS[self.dtype]
-                return np.empty(self.shape, carrier)
+                return _leaves.as_numpy(self.dtype, np.empty(self.shape, carrier))
             raise errors.InvalidArgument("Shards.to_numpy: no shards")
         first = np.asarray(self.shards[0].data)
         out = np.empty(self.shape, first.dtype)
@@ -429,7 +429,11 @@ def save_entry(obj, prefix, path, borrow):
         if kind is None or kind == _leaves.SHARDS:
             raise errors.InvalidArgument(f"leaf '{where}': a {type(s.data).__name__} is not an array")
         dtype, a = _leaves.leaf_bytes(s.data, kind, where, borrow)
-        if dtype != shards.dtype and not (carrier is not None and a.dtype == carrier):
+        # Raw bytes in the carrier (uint16 for bfloat16, uint8 for float8)
+        # take the leaf's dtype; an array that names another dtype does not
+        # (before, float8_e5m2 bytes were saved labelled float8_e4m3fn).
+        if dtype != shards.dtype and not (carrier is not None and a.dtype == carrier
+                                          and dtype == np.dtype(carrier).name):
             raise errors.InvalidArgument(f"leaf '{where}': the array has dtype {dtype}, the leaf {shards.dtype}")
         start, stop = _box(s.index, shards.shape, f"leaf '{where}'")
         entries.append((start, stop, a))

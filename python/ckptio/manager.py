@@ -26,6 +26,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import numpy as np
+
 from . import _args, _ckptio, _leaves, _shards, _tree, errors
 
 log = logging.getLogger("ckptio")
@@ -562,7 +564,15 @@ class CheckpointManager:
         template = like if like is not None else into
         expected, like_tree = [], None
         if template is not None:
+            seen = set()
+
             def on_like(pfx, path, obj, kind):
+                # Two template leaves that name one saved leaf ({"a.b": x} and
+                # {"a": {"b": y}}): refused, as save() refuses them (before,
+                # one of two into= arrays was silently left unwritten).
+                if (pfx, path) in seen:
+                    raise errors.InvalidArgument(f"restore: two leaves of the template name {pfx}/{path}")
+                seen.add((pfx, path))
                 dtype, shape = _leaves.leaf_spec(obj, kind, f"{pfx}/{path}")
                 expected.append((pfx, path, dtype, list(shape)))
 
@@ -578,6 +588,14 @@ class CheckpointManager:
                 into_specs[(pfx, path)] = _leaves.leaf_spec(obj, kind, f"{pfx}/{path}")
 
             _tree.flatten(into, prefix, on_into, _leaves.leaf_kind)
+            if like is not None:  # (else on_like above refused them)
+                names = [(pfx, path) for pfx, path, _ in into_list]
+                if len(set(names)) != len(names):
+                    raise errors.InvalidArgument("restore: two leaves of into= name one saved leaf")
+            # Destinations that share memory (one array twice, overlapping
+            # views) would overwrite each other: before, one leaf's bytes were
+            # silently replaced by another's.
+            _refuse_shared_memory(into_list)
             # The library fills `into` with the bytes of the dtype `like` asks
             # for: an into leaf of another dtype or shape would get them raw.
             if like is not None:
@@ -640,16 +658,44 @@ class CheckpointManager:
         self._c.gc(float(min_age_seconds))
 
 
+def _refuse_shared_memory(into_list):
+    spans = []
+    for pfx, path, view in into_list:
+        a = np.asarray(view)
+        if a.nbytes == 0:
+            continue
+        start = a.__array_interface__["data"][0]
+        spans.append((start, start + a.nbytes, f"{pfx}/{path}"))
+    spans.sort()
+    for (s0, e0, n0), (s1, e1, n1) in zip(spans, spans[1:]):
+        if s1 < e0:
+            raise errors.InvalidArgument(f"restore: into= arrays for {n0} and {n1} share memory")
+
+
 def _selection(select):
     if select is None:
         return [], ""
     if isinstance(select, str):
         return [], select
+    def prefix_list(prefixes):
+        # One prefix given as a str is that prefix (before, "model" was split
+        # into the prefixes "m", "o", "d", "e", "l"); each must be a str.
+        if isinstance(prefixes, str):
+            prefixes = [prefixes]
+        prefixes = list(prefixes or [])
+        bad = [p for p in prefixes if not isinstance(p, str)]
+        if bad:
+            raise errors.InvalidArgument(f"select: prefixes are str, not {bad[0]!r}")
+        return prefixes
+
     if isinstance(select, dict):
         unknown = set(select) - {"prefixes", "regex"}
         if unknown:
             raise errors.InvalidArgument(f"select: unknown keys {sorted(unknown)} (prefixes, regex)")
-        return list(select.get("prefixes") or []), select.get("regex") or ""
+        regex = select.get("regex") or ""
+        if not isinstance(regex, str):
+            raise errors.InvalidArgument(f"select: regex is a str, not {regex!r}")
+        return prefix_list(select.get("prefixes")), regex
     if isinstance(select, (list, tuple)):
-        return list(select), ""
+        return prefix_list(select), ""
     raise errors.InvalidArgument("select must be a regex str, a list of prefixes or dict(prefixes=, regex=)")

@@ -279,6 +279,44 @@ def test_into_arrays_of_another_byte_order_or_dtype_are_refused(ckpt_dir):
         np.testing.assert_array_equal(got, np.arange(4, dtype=np.float32))
 
 
+def test_into_arrays_that_share_memory_or_a_name_are_refused(ckpt_dir):
+    """Before, into= with one array twice, overlapping views, or two leaves
+    naming one saved leaf returned with one leaf's bytes silently replaced by
+    another's (or one array never written)."""
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        mgr.save(1, {"p": {"a": np.arange(4.0), "b": np.arange(10.0, 14.0)}}).wait()
+        mgr.save(2, {"m": {"a.b": np.arange(4.0)}}).wait()
+        x = np.zeros(4)
+        with pytest.raises(ckptio.InvalidArgument, match="share memory"):
+            mgr.restore(1, into={"p": {"a": x, "b": x}})
+        buf = np.zeros(6)
+        with pytest.raises(ckptio.InvalidArgument, match="share memory"):
+            mgr.restore(1, into={"p": {"a": buf[:4], "b": buf[2:]}})
+        np.testing.assert_array_equal(buf, np.zeros(6))
+        y = np.zeros(4)
+        with pytest.raises(ckptio.InvalidArgument, match="name m/a.b"):
+            mgr.restore(2, into={"m": {"a.b": x, "a": {"b": y}}})
+        with pytest.raises(ckptio.InvalidArgument, match="name m/a.b"):
+            mgr.restore(2, like={"m": {"a.b": x, "a": {"b": y}}})
+        np.testing.assert_array_equal(x, np.zeros(4))
+        np.testing.assert_array_equal(y, np.zeros(4))
+        a, b = np.zeros(4), np.zeros(4)  # separate arrays: both filled
+        mgr.restore(1, into={"p": {"a": a, "b": b}})
+        np.testing.assert_array_equal(a, np.arange(4.0))
+        np.testing.assert_array_equal(b, np.arange(10.0, 14.0))
+
+
+def test_select_takes_one_prefix_as_a_str_and_refuses_what_is_not_a_str(ckpt_dir):
+    """select=dict(prefixes="model") was split into the prefixes m, o, d, e, l."""
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        mgr.save(1, {"model": {"w": np.arange(3)}, "m": {"x": np.arange(2)}, "o": 5}).wait()
+        got = mgr.restore(1, select=dict(prefixes="model"))
+        assert list(got) == ["model"]
+        for bad in ([1], dict(prefixes=[1]), dict(regex=5)):
+            with pytest.raises(ckptio.InvalidArgument):
+                mgr.restore(1, select=bad)
+
+
 def test_a_save_that_races_close_is_completed(ckpt_dir):
     """close() from another thread while save() is inside the library: close
     waits for that call, and the handle still completes (it was once queued

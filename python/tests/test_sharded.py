@@ -391,6 +391,21 @@ def test_bfloat16_shards_without_ml_dtypes(ckpt_dir):
     assert h.to_numpy().view(np.uint16).tobytes() == bits.tobytes()
 
 
+def test_shards_refuse_an_array_labelled_with_another_raw_dtype(ckpt_dir):
+    """float8_e5m2 bytes in a float8_e4m3fn leaf were saved under the leaf's
+    name (the values reinterpreted); raw carrier bytes (uint8) still are."""
+    raw = ckptio.raw_array(np.array([0x3C, 0x40, 0, 0], np.uint8), "float8_e5m2")
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        with pytest.raises(ckptio.InvalidArgument, match="float8_e5m2"):
+            mgr.save(1, {"p": {"f": ckptio.Shards((4,), "float8_e4m3fn", [((slice(None),), raw, 0)])}})
+        plain = np.array([0x3C, 0x40, 0, 0], np.uint8)
+        mgr.save(2, {"p": {"f": ckptio.Shards((4,), "float8_e4m3fn", [((slice(None),), plain, 0)])}}).wait()
+        assert [leaf.dtype for leaf in mgr.leaves(2)] == ["float8_e4m3fn"]
+    empty = ckptio.Shards((0,), "bfloat16", []).to_numpy()  # keeps its dtype name without ml_dtypes too
+    assert empty.shape == (0,)
+    assert getattr(empty, "ckptio_dtype", str(empty.dtype)) == "bfloat16"
+
+
 def test_torch_tensor_shards(ckpt_dir):
     torch = pytest.importorskip("torch")
     t = torch.arange(24, dtype=torch.float32).reshape(6, 4)

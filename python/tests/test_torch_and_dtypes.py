@@ -56,6 +56,16 @@ def test_torch_borrow_mode_and_restore_into_tensors(ckpt_dir):
     assert torch.equal(into["m"]["b"], b)
 
 
+def test_restore_into_a_conj_or_neg_view_is_refused(ckpt_dir):
+    """into= a conj / neg view raised a bare RuntimeError from numpy()."""
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        mgr.save(1, {"m": {"c": np.zeros(2, np.complex64), "f": np.zeros(2, np.float32)}}).wait()
+        with pytest.raises(ckptio.InvalidArgument, match="conjugate or negative view"):
+            mgr.restore(1, into={"m": {"c": torch.zeros(2, dtype=torch.complex64).conj()}}, select=dict(regex="^c$"))
+        with pytest.raises(ckptio.InvalidArgument, match="conjugate or negative view"):
+            mgr.restore(1, into={"m": {"f": torch._neg_view(torch.zeros(2))}}, select=dict(regex="^f$"))
+
+
 def test_tensors_that_need_grad_are_saved_detached(ckpt_dir):
     p = torch.nn.Parameter(torch.randn(3))
     with ckptio.CheckpointManager(ckpt_dir) as mgr:

@@ -40,7 +40,7 @@ Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std:
     } else if (index.status().data_loss() || index.status().code() == Code::kUnimplemented) {
       logging::warn("ckptio: retention keeps step {} but does not count it among the {} to keep: {}", *it,
                     max_to_keep, index.status().to_string());
-    } else if (index.status().code() != Code::kNotFound) {  // (gone meanwhile: neither kept nor counted)
+    } else if (index.status().code() != Code::kNotFound) {  // (gone meanwhile: not counted)
       return index.status().annotate("retention: read the index of step " + std::to_string(*it));
     }
   }

@@ -245,12 +245,14 @@ Result<RestoredState> CheckpointManager::Impl::restore_index_taking_memory(Index
   const int64_t the_step = index.step;  // its callers hold a ReadMark on it
 
   // Selection.
+  // A float_dtype that is not a float dtype: refused before any read, as
+  // save() refuses it (before, the reads ran first).
+  if (options.float_dtype && !dtype_is_float(*options.float_dtype))
+    return invalid_argument("float_dtype must be a float dtype, not " +
+                            std::string(dtype_name(*options.float_dtype)));
   // RE2 with Python's syntax, as partition rules: leaf paths come from the
   // index, outside data, and std::regex's backtracking overflows the stack on
   // long ones (a 100,000-character path against "(a|b)*c").
-  if (options.float_dtype && !dtype_is_float(*options.float_dtype))  // (as save() refuses it; before, the
-    return invalid_argument("float_dtype must be a float dtype, not " +  // reads ran first)
-                            std::string(dtype_name(*options.float_dtype)));
   std::unique_ptr<const RE2> re;
   if (!options.select.path_regex.empty()) {
     CKPTIO_ASSIGN_OR_RETURN(re, compile_python_regex(options.select.path_regex, "path regex"));

@@ -130,6 +130,75 @@ TEST_F(S3MotoFaulty, ExhaustedRetriesFailTheSaveCleanly) {
   EXPECT_EQ(std::memcmp(r->leaves[0].data.data(), big.data(), big.size()), 0);
 }
 
+// A save whose data objects all fail: a retry goes before the requests not
+// yet tried, so the first object spends its attempts at once, and then the
+// PUTs still queued are not sent (WritableObject::cancel). Before, each
+// object spent its attempts in turn with the others (12 x 5 here), and with
+// a save's thousands of objects against an endpoint that stopped answering
+// the save reported its failure hours later. Two connections, twelve
+// objects: about the first two objects' attempts now, and some first tries.
+TEST_F(S3MotoFaulty, AFailedSaveSendsNoneOfItsQueuedWrites) {
+  s3::S3Config cfg = config_;
+  cfg.max_connections = 2;
+  auto s = testutil::open_s3_test_store(&cfg);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  const int attempts = cfg.retry.max_attempts;
+  ASSERT_GE(attempts, 3);
+  constexpr int kObjects = 12;
+  const uint64_t leaf = (*s)->data_object_bytes() - 4096;
+  auto big = random_bytes(leaf * kObjects, 4);
+  std::vector<std::string> names;
+  for (int i = 0; i < kObjects; ++i) names.push_back("w" + std::to_string(i));
+  std::vector<LeafView> st8;
+  for (int i = 0; i < kObjects; ++i)
+    st8.push_back(LeafView::full("model", names[i], DType::kUInt8, {static_cast<int64_t>(leaf)}, big.data() + i * leaf));
+  // Each answer takes 0.1 s, as from an endpoint that stopped answering
+  // (there each attempt ends at a timeout).
+  rules("fault=latency delay=0.1 op=PutObject path=.*/data-\nstatus=503 op=PutObject path=.*/data-");
+  ManagerOptions mo = manager_options();
+  mo.staging = StagingMode::kBorrow;
+  CheckpointManager m(*s, mo);
+  auto h = m.save(1, st8);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  Status st = h->wait();
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), Code::kUnavailable) << st.to_string();
+  EXPECT_NE(st.message().find("HTTP 503"), std::string::npos) << st.to_string();
+  const long sent = count("rule.1.injected");  // the 503s: attempts sent
+  EXPECT_GE(sent, attempts);
+  // (19 of 60 here; 60 before.)
+  EXPECT_LE(sent, kObjects * attempts / 2) << "data PUTs sent, of " << kObjects * attempts << " before";
+  rules("");
+  ASSERT_TRUE(m.gc(GcOptions{0}).ok());
+  auto left = (*s)->list("", false);
+  ASSERT_TRUE(left.ok());
+  EXPECT_TRUE(left->objects.empty()) << left->objects.size() << " objects left, first " << left->objects[0].key;
+}
+
+// CreateMultipartUpload whose answer is lost after the server began the
+// upload: the retry begins a second one, and the first, whose id no one
+// learnt, stayed until gc. A key of create_new() is the writer's own, so the
+// writer aborts every other upload into it.
+TEST_F(S3MotoFaulty, ARetriedCreateLeavesNoOrphanUpload) {
+  rules("fault=reset op=CreateMultipartUpload when=response count=1");
+  const uint64_t n = 2 * kS3TestPart;
+  auto data = random_bytes(n, 6);
+  auto w = store_->create_new("run-7/data-orphan-0.bin", n);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_EQ(count("rule.0.injected"), 1);
+  std::promise<Status> landed;
+  (*w)->write_async(0, std::span<const std::byte>(data.data(), n), [&](Status st) { landed.set_value(st); });
+  ASSERT_TRUE(landed.get_future().get().ok());
+  ASSERT_TRUE((*w)->finish(n).ok());
+  rules("");
+  auto uploads = store_->list_unfinished("");
+  ASSERT_TRUE(uploads.ok()) << uploads.status().to_string();
+  EXPECT_TRUE(uploads->empty()) << uploads->size() << " unfinished, first " << uploads->front().key;
+  auto back = store_->get("run-7/data-orphan-0.bin", n);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(std::memcmp(back->data(), data.data(), n), 0);
+}
+
 TEST_F(S3MotoFaulty, AuthErrorsAreNotRetried) {
   rules("status=403 code=AccessDenied op=PutObject");
   std::string body = "x";

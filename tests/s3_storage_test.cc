@@ -154,6 +154,35 @@ TEST_P(S3Test, CreateNewPutsAOnePartObjectAtOnceAndAbortDeletesIt) {
   EXPECT_EQ(store_->stat("run-4/data-n-2.bin").status().code(), Code::kNotFound);
 }
 
+// A range refused before anything was sent fails the object: before, its
+// finish() said OK when the refused range came after a one-part object's PUT
+// (the object then lacked what the caller thought it had written), and
+// "parts written do not cover" for a multipart one.
+TEST_P(S3Test, ARefusedRangeFailsTheObject) {
+  const uint64_t n = kPart - 100;
+  auto data = random_bytes(2 * kPart, 9);
+  auto one = store_->create_new("run-4/data-r-0.bin", n);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  std::promise<Status> first, second;
+  (*one)->write_async(0, std::span<const std::byte>(data.data(), n), [&](Status st) { first.set_value(st); });
+  ASSERT_TRUE(first.get_future().get().ok());
+  (*one)->write_async(0, std::span<const std::byte>(data.data() + 1, n), [&](Status st) { second.set_value(st); });
+  EXPECT_EQ(second.get_future().get().code(), Code::kInvalidArgument);
+  Status st = (*one)->finish(n);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.to_string();
+  EXPECT_EQ(store_->stat("run-4/data-r-0.bin").status().code(), Code::kNotFound);
+
+  auto multi = store_->create("run-4/data-r-1.bin", 2 * kPart);
+  ASSERT_TRUE(multi.ok()) << multi.status().to_string();
+  std::promise<Status> odd;
+  (*multi)->write_async(1, std::span<const std::byte>(data.data(), kPart), [&](Status st) { odd.set_value(st); });
+  EXPECT_EQ(odd.get_future().get().code(), Code::kInvalidArgument);
+  st = (*multi)->finish(2 * kPart);
+  EXPECT_EQ(st.code(), Code::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("not a multiple of the part size"), std::string::npos) << st.to_string();
+  EXPECT_EQ(store_->stat("run-4/data-r-1.bin").status().code(), Code::kNotFound);
+}
+
 TEST_P(S3Test, ReadPastTheEndIsDataLoss) {
   std::string body = "0123456789";
   ASSERT_TRUE(store_->put("obj", std::as_bytes(std::span(body))).ok());

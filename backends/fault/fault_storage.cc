@@ -257,6 +257,8 @@ class FaultWriter final : public WritableObject {
     });
   }
 
+  void cancel() noexcept override { base_->cancel(); }
+
   void abort() override {
     bool abort_base;
     {

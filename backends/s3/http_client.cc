@@ -258,8 +258,9 @@ struct HttpClient::Loop {
       while (!delayed.empty() && delayed.begin()->first <= now) {
         auto node = delayed.extract(delayed.begin());
         try {
-          ready.push_back(std::move(node.mapped()));
-        } catch (...) {  // a deque block: push_back moved nothing
+          if (node.mapped()->req.retry) ready.push_front(std::move(node.mapped()));
+          else ready.push_back(std::move(node.mapped()));
+        } catch (...) {  // a deque block: push_front / push_back moved nothing
           fail(*node.mapped(), CURLE_OUT_OF_MEMORY, kOutOfMemory);
         }
       }
@@ -320,6 +321,10 @@ struct HttpClient::Loop {
       if (t->req.prepare) {
         auto prepare = std::move(t->req.prepare);
         prepare(t->req);
+      }
+      if (t->req.cancelled) {
+        fail(*t, CURLE_ABORTED_BY_CALLBACK, "not sent: its object's writes were cancelled");
+        return;
       }
       CURL* e = nullptr;
       if (!idle.empty()) {

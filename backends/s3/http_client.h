@@ -52,6 +52,15 @@ struct HttpRequest {
   // here, so that a signature's date is the moment of sending however long
   // the request queued. It must not block.
   std::function<void(HttpRequest&)> prepare;
+  // Set by prepare: the request is not to be sent after all (its writer was
+  // cancelled). It fails with CURLE_ABORTED_BY_CALLBACK, unsent.
+  bool cancelled = false;
+  // A retry: once its backoff is over it goes before the requests waiting
+  // for their first attempt. What was begun finishes first, so an endpoint
+  // that fails everything fails the first request after its own attempts,
+  // not after every queued request's attempts but the last in turn (with
+  // thousands of parts queued: hours before a save reported its failure).
+  bool retry = false;
 };
 
 struct HttpResponse {

@@ -150,6 +150,7 @@ void S3Client::send(const std::shared_ptr<Attempt>& a, std::chrono::milliseconds
   req.sink_size = op.sink_size;
   req.scatter = op.scatter;
   req.max_body = op.max_body;
+  req.retry = a->attempts > 0;
   // URL and signature are made by the HTTP loop when the attempt leaves its
   // queue (after the backoff and any wait for a connection slot), not here:
   // a request signed when queued could be sent minutes later, and S3 refuses
@@ -171,6 +172,10 @@ void S3Client::send(const std::shared_ptr<Attempt>& a, std::chrono::milliseconds
 // and region current now, the credentials current now, the date now.
 void S3Client::prepare(Attempt& a, HttpRequest& req) {
   const S3Op& op = a.op;
+  if (op.cancelled && op.cancelled->load(std::memory_order_relaxed)) {
+    req.cancelled = true;
+    return;
+  }
   std::string host, region;
   {
     std::lock_guard lock(region_mu_);

@@ -62,6 +62,10 @@ struct S3Op {
   // a body (HttpResponse::resends). CompleteMultipartUpload tells a retry
   // that may have met its own success so.
   int* attempts = nullptr;
+  // If set: once true, an attempt not yet sent (queued, or waiting out a
+  // retry's backoff) fails with kCancelled instead of being sent
+  // (WritableObject::cancel).
+  std::shared_ptr<const std::atomic<bool>> cancelled;
 };
 
 using S3Done = std::function<void(Status, HttpResponse)>;

@@ -173,20 +173,24 @@ Result<int64_t> S3StorageImpl::newest_part(const std::string& full_key, const st
 // listed, so aborting those before them changes nothing ahead).
 Status S3StorageImpl::abort_unfinished(const std::string& key) {
   CKPTIO_RETURN_IF_ERROR(check_storage_key(key));
+  return abort_uploads(full(key), "");
+}
+
+Status S3StorageImpl::abort_uploads(const std::string& full_key, const std::string& keep) {
   Status first;
   std::string key_marker, id_marker;
   for (;;) {
     S3Op op;
     op.method = "GET";
-    op.query = {{"uploads", ""}, {"prefix", full(key)}};
+    op.query = {{"uploads", ""}, {"prefix", full_key}};
     if (!key_marker.empty()) op.query.emplace_back("key-marker", key_marker);
     if (!id_marker.empty()) op.query.emplace_back("upload-id-marker", id_marker);
     auto [st, resp] = client_.execute_sync(std::move(op));
     if (!st.ok()) return st.annotate("ListMultipartUploads");
     auto page = parse_list_multipart_uploads(resp.body);
-    if (!page.ok()) return page.status().annotate("ListMultipartUploads " + client_.describe(full(key)));
+    if (!page.ok()) return page.status().annotate("ListMultipartUploads " + client_.describe(full_key));
     for (const auto& u : page->uploads) {
-      if (u.key != full(key)) continue;
+      if (u.key != full_key || u.upload_id == keep) continue;
       S3Op del;
       del.method = "DELETE";
       del.key = u.key;
@@ -196,7 +200,7 @@ Status S3StorageImpl::abort_unfinished(const std::string& key) {
     }
     if (!page->truncated) break;
     if (page->next_key_marker == key_marker && page->next_upload_id_marker == id_marker)
-      return io_error("ListMultipartUploads " + client_.describe(full(key)) + ": truncated page without new markers");
+      return io_error("ListMultipartUploads " + client_.describe(full_key) + ": truncated page without new markers");
     key_marker = page->next_key_marker;
     id_marker = page->next_upload_id_marker;
   }

@@ -79,6 +79,9 @@ class S3StorageImpl : public S3Storage {
   Status remove_prefix(const std::string& prefix) override;
   Result<std::vector<ListEntry>> list_unfinished(const std::string& prefix) override;
   Status abort_unfinished(const std::string& key) override;
+  // Aborts the unfinished uploads into `key` (full name in the bucket) but
+  // the one whose id is `keep` ("" aborts all).
+  Status abort_uploads(const std::string& full_key, const std::string& keep);
 
  private:
   struct Head {

@@ -4,8 +4,10 @@
 // AbortMultipartUpload on any failure). s3_storage.h states the protocol.
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
 
 #include "backends/s3/checksum.h"
@@ -38,18 +40,15 @@ class S3Writer : public WritableObject {
 
   void write_async(uint64_t offset, std::span<const std::byte> data, IoDone done) override {
     if (upload_id_.empty()) return put_whole(offset, data, std::move(done));
-    if (offset % part_ != 0) {
-      done(invalid_argument(c_.describe(key_) + ": write offset " + std::to_string(offset) +
-                            " is not a multiple of the part size " + std::to_string(part_)));
-      return;
-    }
+    if (offset % part_ != 0)
+      return refuse(std::move(done), invalid_argument(c_.describe(key_) + ": write offset " + std::to_string(offset) +
+                                                      " is not a multiple of the part size " + std::to_string(part_)));
     const uint64_t parts = data.empty() ? 0 : (data.size() + part_ - 1) / part_;
     const uint64_t first_part = offset / part_ + 1;
     if (parts == 0) return done(Status::OK());
-    if (first_part + parts - 1 > kMaxParts) {
-      done(invalid_argument(c_.describe(key_) + ": more than 10000 parts; raise the part size"));
-      return;
-    }
+    if (first_part + parts - 1 > kMaxParts)
+      return refuse(std::move(done),
+                    invalid_argument(c_.describe(key_) + ": more than 10000 parts; raise the part size"));
     // One callback for the whole range, when its last part lands. `left`
     // counts the parts in flight plus one reference of this call, until it
     // has queued them all (storage.h: a range partly queued is accepted and
@@ -72,6 +71,7 @@ class S3Writer : public WritableObject {
         op.query = {{"partNumber", std::to_string(pn)}, {"uploadId", upload_id_}};
         op.body = data.subspan(i * part_, len);
         op.sign_payload = c_.config().sign_payloads;
+        op.cancelled = cancelled_;
         // The part's checksum, listed again in CompleteMultipartUpload.
         std::string crc = c_.config().checksums ? crc32c_base64(op.body) : std::string();
         if (!crc.empty()) op.headers.emplace_back(kChecksumHeader, crc);
@@ -111,8 +111,30 @@ class S3Writer : public WritableObject {
   Status finish(uint64_t final_size) override {
     Status st = wait_outstanding();
     closed_ = true;
+    // What finish() throws (std::bad_alloc building the part list or the
+    // request) leaves no upload behind: closed_ keeps ~S3Writer from aborting.
+    try {
+      return finish_object(std::move(st), final_size);
+    } catch (...) {
+      abort_upload();
+      throw;
+    }
+  }
+
+  void cancel() noexcept override { cancelled_->store(true, std::memory_order_relaxed); }
+
+  void abort() override {
+    (void)wait_outstanding();
+    closed_ = true;
+    abort_upload();
+    remove_single();
+  }
+
+ private:
+  Status finish_object(Status st, uint64_t final_size) {
     if (!st.ok()) {
       abort_upload();
+      remove_single();  // (a one-part object PUT before a range was refused)
       return st;
     }
     if (upload_id_.empty()) {
@@ -197,23 +219,25 @@ class S3Writer : public WritableObject {
     return Status::OK();
   }
 
-  void abort() override {
-    (void)wait_outstanding();
-    closed_ = true;
-    abort_upload();
-    remove_single();
+  // A range refused before anything was queued fails the object too (its
+  // finish() said "parts written do not cover", or, for a second range of a
+  // single-part object already PUT, OK).
+  void refuse(IoDone done, Status st) {
+    {
+      std::lock_guard lock(mu_);
+      if (first_.ok()) first_ = st;
+    }
+    done(std::move(st));
   }
 
- private:
   // An object of at most one part created by create_new() whose one range
   // is exactly its size hint is PUT at once (below). Otherwise it is published by
   // finish(), never before: its one range is copied here, so its buffer is
   // released at once, and PUT by finish().
   void put_whole(uint64_t offset, std::span<const std::byte> data, IoDone done) {
-    if (offset != 0 || data.size() > part_) {
-      done(invalid_argument(c_.describe(key_) + ": a single-part object must be written in one range"));
-      return;
-    }
+    if (offset != 0 || data.size() > part_ || single_sent_ || single_done_)
+      return refuse(std::move(done),
+                    invalid_argument(c_.describe(key_) + ": a single-part object must be written in one range"));
     if (early_ && hint_ > 0 && data.size() == hint_) {
       // A new key (create_new) and the whole announced object in one range
       // (a save's bounded data objects): PUT it now, from the caller's
@@ -224,6 +248,7 @@ class S3Writer : public WritableObject {
       op.key = key_;
       op.body = data;
       op.sign_payload = c_.config().sign_payloads;
+      op.cancelled = cancelled_;
       {
         std::lock_guard lock(mu_);
         ++outstanding_;
@@ -325,29 +350,39 @@ class S3Writer : public WritableObject {
   }
 
   // An aborted object that write_async() already stored is deleted again.
-  void remove_single() {
+  // Never throws (it runs in ~S3Writer, also while an exception unwinds):
+  // a request that cannot even be made (std::bad_alloc) leaves the object
+  // for gc, as a failed one does.
+  void remove_single() noexcept {
     if (!single_stored_) return;
     single_stored_ = false;
-    S3Op op;
-    op.method = "DELETE";
-    op.key = key_;
-    Status st = c_.execute_sync(std::move(op)).first;
-    if (!st.ok() && st.code() != Code::kNotFound)
-      logging::warn("ckptio: delete of aborted object {} failed ({}); gc removes it later",
-                   c_.describe(key_), st.to_string());
+    try {
+      S3Op op;
+      op.method = "DELETE";
+      op.key = key_;
+      Status st = c_.execute_sync(std::move(op)).first;
+      if (!st.ok() && st.code() != Code::kNotFound)
+        logging::warn("ckptio: delete of aborted object {} failed ({}); gc removes it later",
+                     c_.describe(key_), st.to_string());
+    } catch (...) {
+    }
   }
 
-  void abort_upload() {
+  // Never throws, as remove_single(): the upload is then left for gc.
+  void abort_upload() noexcept {
     if (upload_id_.empty() || aborted_) return;
     aborted_ = true;
-    S3Op op;
-    op.method = "DELETE";
-    op.key = key_;
-    op.query = {{"uploadId", upload_id_}};
-    Status st = c_.execute_sync(std::move(op)).first;
-    if (!st.ok() && st.code() != Code::kNotFound)
-      logging::warn("ckptio: abort of multipart upload {} failed ({}); gc removes it later",
-                   c_.describe(key_), st.to_string());
+    try {
+      S3Op op;
+      op.method = "DELETE";
+      op.key = key_;
+      op.query = {{"uploadId", upload_id_}};
+      Status st = c_.execute_sync(std::move(op)).first;
+      if (!st.ok() && st.code() != Code::kNotFound)
+        logging::warn("ckptio: abort of multipart upload {} failed ({}); gc removes it later",
+                     c_.describe(key_), st.to_string());
+    } catch (...) {
+    }
   }
 
   S3Client& c_;
@@ -356,6 +391,8 @@ class S3Writer : public WritableObject {
   const uint64_t hint_;
   const std::string upload_id_;  // empty: single PutObject
   const bool early_;
+  // WritableObject::cancel: parts and PUTs not yet sent are not sent.
+  const std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
   bool closed_ = false;          // owner thread only
   bool aborted_ = false;
 
@@ -396,11 +433,23 @@ Result<std::unique_ptr<WritableObject>> S3StorageImpl::start_object(const std::s
     op.query = {{"uploads", ""}};
     // Each part then carries its CRC-32C, and CompleteMultipartUpload lists them.
     if (client_.config().checksums) op.headers.emplace_back("x-amz-checksum-algorithm", "CRC32C");
+    int attempts = 0;
+    op.attempts = &attempts;
     auto [st, resp] = client_.execute_sync(std::move(op));
     if (!st.ok()) return st.annotate("CreateMultipartUpload");
     auto id = parse_initiate_multipart(resp.body);
     if (!id.ok()) return id.status().annotate(client_.describe(full(key)));
     upload_id = std::move(id).value();
+    // Sent more than once: an attempt whose answer was lost may have begun
+    // an upload no one knows the id of, left for gc before. A key of
+    // create_new() is this writer's alone, so any other upload into it is
+    // such an orphan: aborted (best effort; gc still finds what stays).
+    if (attempts > 1 && early) {
+      Status orphans = abort_uploads(full(key), upload_id);
+      if (!orphans.ok())
+        logging::warn("ckptio: {}: uploads an earlier attempt of CreateMultipartUpload began are left for gc ({})",
+                      client_.describe(full(key)), orphans.to_string());
+    }
   }
   return std::unique_ptr<WritableObject>(
       std::make_unique<S3Writer>(client_, full(key), part, size_hint, std::move(upload_id), early));

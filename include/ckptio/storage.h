@@ -85,6 +85,12 @@ class WritableObject {
   virtual Status finish(uint64_t final_size) = 0;
   // Drops the object (after waiting for queued writes). Never fails loudly.
   virtual void abort() = 0;
+  // For a caller that will abort the object anyway (another object of the
+  // save failed): writes queued and not yet begun fail (kCancelled) instead
+  // of being sent, and a failed one is not retried, so that abort() does not
+  // wait for each to spend its retries. Any thread; abort() or finish()
+  // still follow. The default does nothing (local writes do not wait long).
+  virtual void cancel() noexcept {}
 };
 
 struct ReadRequest {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -45,6 +46,13 @@ class DataFiles {
   void abort_all() {
     for (auto& w : writers_)
       if (w) w->abort();
+  }
+  // After a failure: what is queued and not yet sent is not sent (S3: each
+  // part would otherwise spend its retries first, hours against an endpoint
+  // that stopped answering).
+  void cancel_all() noexcept {
+    for (auto& w : writers_)
+      if (w) w->cancel();
   }
 
   // Makes every file durable in turn; after a failure the rest are aborted.
@@ -106,7 +114,10 @@ class PendingWrites {
         if (pooled) pool_.release(pooled);
         if (st.ok()) progress_.written.fetch_add(payload, std::memory_order_release);
         std::lock_guard lock(mu_);
-        if (!st.ok() && first_.ok()) first_ = std::move(st);
+        if (!st.ok() && first_.ok()) {
+          first_ = std::move(st);
+          cv_.notify_all();  // (wait()'s on_failure)
+        }
         if (--count_ == 0) cv_.notify_all();
       });
     } catch (...) {
@@ -125,10 +136,20 @@ class PendingWrites {
   void fail(Status st) {
     std::lock_guard lock(mu_);
     if (first_.ok()) first_ = std::move(st);
+    cv_.notify_all();
   }
-  // Once no write is in flight: the first error.
-  Status wait() {
+  // Once no write is in flight: the first error. `on_failure` runs once, on
+  // this thread, as soon as a write fails while others are in flight.
+  Status wait(const std::function<void()>& on_failure = {}) {
     std::unique_lock lock(mu_);
+    if (on_failure) {
+      cv_.wait(lock, [&] { return count_ == 0 || !first_.ok(); });
+      if (count_ != 0) {
+        lock.unlock();
+        on_failure();
+        lock.lock();
+      }
+    }
     cv_.wait(lock, [&] { return count_ == 0; });
     return first_;
   }
@@ -242,7 +263,7 @@ Status write_data(Storage& storage, BufferPool& pool, SaveJob& job, std::vector<
     job.failed = true;
   }
   if (queued && !job.failed && !pending.failed()) queued();
-  Status st = pending.wait();
+  Status st = pending.wait([&] { files.cancel_all(); });
   drain_ready(job, pool);
   // Direct writes read the caller's memory until they complete.
   if (!job.copy_mode) job.handle->set_released();

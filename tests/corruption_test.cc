@@ -492,6 +492,40 @@ TEST_P(CorruptionTest, TransientAndPermissionErrorsAreReturnedNotSkipped) {
   expect_restored(*ok, s2_);
 }
 
+// A hostile index whose leaf's bytes fit in 64 bits but not as a wider dtype
+// (bfloat16 [2^62 + 1], 2^63 + 2 bytes, restored as float64: 2^65 + 8, which
+// wrapped to 8): refused before any allocation or read, whole and sharded.
+// Before, the destination's size wrapped, and the first read overran it.
+TEST_P(CorruptionTest, ACastWhoseBytesOverflowIsRefusedBeforeAnyRead) {
+  const int64_t huge = (int64_t{1} << 62) + 1;
+  Index idx = index2_;
+  LeafRecord leaf = idx.prefixes.at(0).leaves.at(0);
+  leaf.dtype = DType::kBFloat16;
+  leaf.shape = {huge};
+  leaf.shards.resize(1);
+  leaf.shards[0].box = Box{{0}, {huge}};
+  leaf.shards[0].offset = 0;
+  leaf.shards[0].length = static_cast<uint64_t>(huge) * 2;
+  idx.prefixes = {PrefixRecord{idx.prefixes[0].name, {leaf}}};
+  idx.files = {DataFileRecord{leaf.shards[0].file, leaf.shards[0].length}};
+  ASSERT_NO_FATAL_FAILURE(write_object("run-2/" + std::string(kIndexFileName), serialize_index(idx)));
+  ASSERT_TRUE(m_->read_index(2).ok()) << m_->read_index(2).status().to_string();
+  RestoreOptions o;
+  o.float_dtype = DType::kFloat64;
+  auto r = m_->restore(2, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status().to_string();
+  EXPECT_HAS(r.status().message(), "float64 bytes do not fit in 64 bits");
+  RestoreOptions::Sharding sh;
+  sh.mesh = Mesh::parse("dp=2").value();
+  sh.leaves.push_back(LeafSharding{idx.prefixes[0].name, leaf.path, leaf.shape, PartitionSpec::of({{"dp"}}), -1});
+  o.sharding = sh;
+  r = m_->restore(2, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << r.status().to_string();
+  EXPECT_HAS(r.status().message(), "float64 bytes do not fit in 64 bits");
+}
+
 TEST_P(CorruptionTest, BadOptionsAreReturnedNotSkippedPastDamage) {
   flip_bit(key_, shard_of("model", "params.big").offset, 0x04);  // step 2 is damaged
   // (Options built member by member: GCC 12 warns, wrongly, that a

@@ -536,6 +536,27 @@ TEST_P(EformerStepTest, VerifyDecodesEveryChunkAndRestoreLatestPassesADamagedSte
   EXPECT_EQ(r->skipped[0].step, 200);
 }
 
+// A newest step ckptio cannot read (a .zarray of zarr v3: Unimplemented) is
+// whole, not damaged: restore-latest stops there with that error instead of
+// resuming from an older step (which would lose the training since), and
+// the older one is still restored by number (docs/format.md §7).
+TEST_P(EformerStepTest, RestoreLatestStopsAtAStepItCannotRead) {
+  edit_json("run-200/tx/nu/.zarray", [](nlohmann::json& j) { j["zarr_format"] = 3; });
+  auto m = manager();
+  auto r = m->restore(std::nullopt);
+  ASSERT_FALSE(r.ok()) << "restored step " << r->step;
+  EXPECT_EQ(r.status().code(), Code::kUnimplemented) << r.status().to_string();
+  // Committed all the same: listed (before, its error failed every listing).
+  auto steps = m->all_steps();
+  ASSERT_TRUE(steps.ok()) << steps.status().to_string();
+  EXPECT_EQ(*steps, (std::vector<int64_t>{100, 200}));
+  auto latest = m->latest_step();
+  ASSERT_TRUE(latest.ok()) << latest.status().to_string();
+  EXPECT_EQ(latest->value_or(-1), 200);
+  auto older = m->restore(100);
+  ASSERT_TRUE(older.ok()) << older.status().to_string();
+}
+
 TEST_P(EformerStepTest, GcLeavesEformerStepsAloneCompleteOrNot) {
   auto m = manager();
   GcOptions g;

@@ -473,6 +473,25 @@ TEST_P(ShardedRestore, RowBandsLetASplitOfDimensionZeroReadWholeCheckedPiecesInF
   }
 }
 
+TEST_P(ShardedRestore, ALeafsSpecIsForItsShapeUnlessTheShapeIsTheSteps) {
+  std::vector<SavedArray> arrays = {make_array("params.w", DType::kFloat32, {8, 16}, 11)};
+  ASSERT_NO_FATAL_FAILURE(save(1, arrays, {sharding("x=2", {{"x"}})}));
+  const NamedSharding rows = sharding("y=2", {{"y"}});
+  RestoreOptions o;
+  o.sharding = into(rows, arrays);
+  o.sharding->leaves[0].shape = {16, 16};  // computed for another step's shape
+  auto r = manager_->restore(1, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("is for shape [16, 16]"), std::string::npos) << r.status().to_string();
+  // A caller that names specs only (the Python package) takes the step's shape.
+  o.sharding->leaf_shapes_from_step = true;
+  o.sharding->leaves[0].shape.clear();
+  r = manager_->restore(1, o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  expect_device_shards(r->leaves[0], arrays[0], rows, {});
+}
+
 TEST_P(ShardedRestore, ReadsOnlyTheNeededPartOfEachSavedShard) {
   // 64 x 4096 float32 (1 MiB) saved 8-way on dim 0: shards of 8 rows, 128 KiB.
   std::vector<SavedArray> arrays = {make_array("params.w", DType::kFloat32, {64, 4096}, 7)};

@@ -359,6 +359,11 @@ struct RestoreOptions {
     // An entry naming a leaf the step does not have is refused
     // (kInvalidArgument); one for a leaf outside `select` is not used.
     std::vector<LeafSharding> leaves;
+    // Entries of `leaves` take the shape of the leaf in the step restored
+    // instead of being checked against it: for callers that name specs only
+    // (the Python package), as restore-latest may restore an older step than
+    // the one they looked at (a damaged newer one skipped).
+    bool leaf_shapes_from_step = false;
     PartitionRules rules;
     RuleOptions rule_options;
     // This process's devices (ids of `mesh`); empty: every device.

@@ -450,9 +450,11 @@ def leaf_spec(obj):
 _SHARDING_KEYS = ("mesh", "rules", "leaves", "devices", "min_size", "strict", "uneven")
 
 
-def restore_options(sharding, leaf_shapes):
-    """The C++ layer's sharding dict from restore(sharding=...). leaf_shapes()
-    gives {(prefix, path): shape} of the step (read only when `leaves` is given)."""
+def restore_options(sharding):
+    """The C++ layer's sharding dict from restore(sharding=...). Entries of
+    `leaves` carry no shape: each takes its leaf's shape in the step the
+    library restores (with step=None, the newest intact one), and one naming
+    a leaf the step lacks is refused there."""
     if not isinstance(sharding, dict):
         raise errors.InvalidArgument("sharding must be a dict(mesh=..., rules=[(regex, spec), ...], "
                                      f"devices=[...]), not a {type(sharding).__name__}")
@@ -468,7 +470,6 @@ def restore_options(sharding, leaf_shapes):
         out["rules"] = rules_json(rules)
     leaves = sharding.get("leaves")
     if leaves:
-        shapes = leaf_shapes()
         out["leaves"] = []
         for key, spec in dict(leaves).items():
             if isinstance(key, tuple) and len(key) == 2:
@@ -478,10 +479,7 @@ def restore_options(sharding, leaf_shapes):
             else:
                 raise errors.InvalidArgument(f"sharding leaves: key {key!r} is not \"prefix/path\" or "
                                              "(prefix, path)")
-            shape = shapes.get((pfx, path))
-            if shape is None:
-                raise errors.NotFound(f"sharding leaves: {pfx}/{path} is not a leaf of the step")
-            out["leaves"].append((pfx, path, list(shape), spec_json(spec, f"sharding leaves[{key!r}]")))
+            out["leaves"].append((pfx, path, spec_json(spec, f"sharding leaves[{key!r}]")))
     devices = sharding.get("devices")
     if devices is not None:
         out["devices"] = [_device_id(d, "sharding devices") for d in devices]

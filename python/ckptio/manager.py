@@ -558,8 +558,7 @@ class CheckpointManager:
             if into is not None:
                 raise errors.InvalidArgument("restore: into= and sharding= exclude each other (a sharded "
                                              "restore allocates one array per device)")
-            sharding_opts = _shards.restore_options(
-                sharding, lambda: {(p, q): shape for p, q, _, shape, _, _ in self._index(step)["leaves"]})
+            sharding_opts = _shards.restore_options(sharding)
         prefixes, regex = _selection(select)
         template = like if like is not None else into
         expected, like_tree = [], None

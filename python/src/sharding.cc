@@ -110,13 +110,13 @@ RestoreOptions::Sharding restore_sharding_from_python(const py::dict& d) {
   s.mesh = mesh_from_python(d["mesh"]);
   if (d.contains("rules") && !d["rules"].is_none()) s.rules = rules_from_json(d["rules"].cast<std::string>());
   if (d.contains("leaves")) {
+    s.leaf_shapes_from_step = true;  // (prefix, path, spec JSON): no shape
     for (py::handle item : d["leaves"].cast<py::list>()) {
       auto t = py::reinterpret_borrow<py::tuple>(item);
       LeafSharding l;
       l.prefix = t[0].cast<std::string>();
       l.path = t[1].cast<std::string>();
-      l.shape = t[2].cast<Shape>();
-      auto spec = parse_partition_spec_json(t[3].cast<std::string>());
+      auto spec = parse_partition_spec_json(t[2].cast<std::string>());
       if (!spec.ok()) throw StatusError(spec.status().annotate("sharding leaves: " + l.prefix + "/" + l.path));
       l.spec = std::move(*spec);
       s.leaves.push_back(std::move(l));

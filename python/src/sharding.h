@@ -23,7 +23,7 @@ LeafView sharded_leaf_from_python(const py::tuple& leaf);
 
 // The dict ckptio/_shards.py builds from restore(sharding=...):
 //   mesh: (axes [(name, size)], device ids), rules: JSON text or None,
-//   leaves: [(prefix, path, shape, spec JSON)], devices: [ids],
+//   leaves: [(prefix, path, spec JSON)] (shapes: the step's), devices: [ids],
 //   min_size: int, strict: bool, uneven: "pad" | "reject".
 RestoreOptions::Sharding restore_sharding_from_python(const py::dict& d);
 

@@ -8,6 +8,7 @@ computed below by a small model of JAX's rule (sharding.h's comment), written
 independently of the library's devices_indices_map so that each checks the other.
 """
 
+import glob
 import itertools
 import os
 import subprocess
@@ -316,7 +317,7 @@ def test_bad_shards():
     (dict(mesh={"dp": 2, "": 2}, rules=[(".*", P())]), "^mesh axis 1 has an empty name$"),
     (dict(mesh={"dp": 2}, rules=[(".*", "dp")]), r"^rules\[0\]\[1\]: expected a PartitionSpec as an array"),
     (dict(mesh={"dp": 2}, rules=[(".*", P())], uneven="sometimes"), 'uneven must be "pad" or "reject"'),
-    (dict(mesh={"dp": 2}, rules=[(".*", P())], leaves={"p/nope": P()}), "p/nope is not a leaf"),
+    (dict(mesh={"dp": 2}, rules=[(".*", P())], leaves={"p/nope": P()}), "names p/nope, which step 1 does not have"),
     (dict(mesh={"dp": 2}, rules=[(".*", P())], leaves={"p/w": P("x")}), "names axis 'x'"),
     (dict(rules=[(".*", P())]), "mesh= is required"),
     (dict(mesh={"dp": 2}, rules=[(".*", P())], uneven=1), "sharding uneven"),
@@ -483,3 +484,25 @@ def test_leaves_override_rules_and_select(ckpt_dir):
         assert [s.index for s in e] == [(slice(0, 5),), (slice(5, 10),), (slice(10, 15),), (slice(15, 20),),
                                         (slice(20, 24),)]
         assert_shards(e, g["e"], 5)
+
+
+def test_leaves_take_their_shapes_from_the_step_restore_latest_restores(ckpt_dir):
+    """Restore-latest with leaves= moves past a damaged newest step whose leaf
+    has another shape: the spec applies to the shape of the step restored
+    (before, the shapes came from the newest step's index, and the restore
+    of the older step was refused for a shape mismatch)."""
+    old = np.arange(24, dtype=np.float32).reshape(4, 6)
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        mgr.save(1, {"p": {"w": old}}).wait()
+        mgr.save(2, {"p": {"w": np.ones((8, 6), np.float32)}}).wait()
+    (data,) = glob.glob(os.path.join(ckpt_dir, "run-2", "data-*.bin"))
+    with open(data, "r+b") as f:  # one byte of step 2's leaf flipped: its checksum fails
+        f.seek(8)
+        byte = f.read(1)
+        f.seek(8)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        tree, info = mgr.restore(sharding=dict(mesh={"dp": 2}, rules=[(".*", P())], min_size=0,
+                                               leaves={"p/w": P("dp")}), info=True)
+        assert info.step == 1 and [s for s, _ in info.skipped] == [2]
+        assert_shards(tree["p"]["w"], old, 2, P("dp"))

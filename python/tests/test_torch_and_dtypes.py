@@ -144,6 +144,24 @@ def test_float_dtype_takes_every_form_a_leaf_dtype_takes(ckpt_dir):
             mgr.save(9, {"p": {"w": x}}, float_dtype="float17")
 
 
+def test_a_template_dtype_wins_over_float_dtype(ckpt_dir):
+    """like= names each leaf's dtype; float_dtype casts the float leaves it
+    does not name. Before, a float64 leaf the template asked as float64 came
+    back as float_dtype's float16, whole and sharded."""
+    a, b = np.linspace(0, 1, 4, dtype=np.float32), np.linspace(0, 1, 2, dtype=np.float64)
+    with ckptio.CheckpointManager(ckpt_dir) as mgr:
+        mgr.save(1, {"p": {"a": a, "b": b, "c": b}}).wait()
+        like = {"p": {"a": np.zeros(4, np.float64), "b": np.zeros(2, np.float64)}}
+        got = mgr.restore(like=like, float_dtype="float16", allow_cast=True, select="^[ab]$")
+        assert {k: v.dtype for k, v in got["p"].items()} == {"a": np.float64, "b": np.float64}
+        assert got["p"]["b"].tobytes() == b.tobytes()
+        got = mgr.restore(float_dtype="float16")  # no template: every float leaf
+        assert {k: v.dtype for k, v in got["p"].items()} == {"a": np.float16, "b": np.float16, "c": np.float16}
+        sharded = mgr.restore(like=like, float_dtype="float16", allow_cast=True, select="^[ab]$",
+                              sharding=dict(mesh={"dp": 2}, rules=[(".*", ckptio.PartitionSpec())]))
+        assert sharded["p"]["b"].dtype == "float64" and sharded["p"]["b"].to_numpy().tobytes() == b.tobytes()
+
+
 def test_restored_arrays_are_aligned_for_their_dtype(ckpt_dir):
     """A float64 leaf saved after a 3-byte one came back at an odd address:
     numpy flagged it unaligned, and torch tensors over it were too."""

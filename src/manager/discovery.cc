@@ -100,6 +100,14 @@ Result<std::vector<int64_t>> CheckpointManager::Impl::committed_steps(bool parse
       continue;
     }
     auto index = load_index(it->name);
+    if (!index.ok() && index.status().code() == Code::kUnimplemented) {
+      // Whole, and committed, though ckptio cannot read it (an eformer
+      // step's codec it lacks): listed, as it is (restore-latest stops there
+      // with this error). Before, one such step failed every listing.
+      steps.push_back(it->step);
+      if (newest_only) break;
+      continue;
+    }
     if (!index.ok()) {
       if (owner->options().strict || !index.status().data_loss()) return index.status();
       logging::warn("ckptio: skipping step {}: {}", it->step, index.status().to_string());

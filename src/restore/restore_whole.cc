@@ -249,7 +249,16 @@ class WholeRestore : public ReadConsumer {
   // destination in `into` takes none: before, the check came chunk by
   // chunk, after earlier chunks had overwritten the caller's buffers).
   Status check_casts() const {
-    for (size_t i = 0; i < selected_.size(); ++i) CKPTIO_RETURN_IF_ERROR(restored_dtype(i).status());
+    for (size_t i = 0; i < selected_.size(); ++i) {
+      CKPTIO_ASSIGN_OR_RETURN(DType to, restored_dtype(i));
+      // The saved bytes fit in 64 bits (the index reader checks), a cast to a
+      // wider dtype's may not (a hostile index: bfloat16 [2^62 + 1] as
+      // float64): the destination's size wrapped, and the reads overran it.
+      const auto& [prefix, leaf] = selected_[i];
+      if (!checked_num_bytes(leaf->shape, dtype_size(to)))
+        return invalid_argument("restore " + leaf_name(prefix, *leaf) + ": its " + std::string(dtype_name(to)) +
+                                " bytes do not fit in 64 bits");
+    }
     return Status::OK();
   }
   void finish() {
@@ -326,11 +335,14 @@ class WholeRestore : public ReadConsumer {
   Result<DType> restored_dtype(size_t i) const {
     const auto& [prefix, leaf] = selected_[i];
     std::optional<DType> to;
+    bool templated = false;  // the template's dtype wins over float_dtype, the saved one too
     if (!want_.empty()) {
       auto it = want_.find(leaf_name(prefix, *leaf));
-      if (it != want_.end() && it->second != leaf->dtype) to = it->second;
+      templated = it != want_.end();
+      if (templated && it->second != leaf->dtype) to = it->second;
     }
-    if (!to && options_.float_dtype && dtype_is_float(leaf->dtype) && leaf->dtype != *options_.float_dtype)
+    if (!to && !templated && options_.float_dtype && dtype_is_float(leaf->dtype) &&
+        leaf->dtype != *options_.float_dtype)
       to = options_.float_dtype;
     if (!to) return leaf->dtype;
     if (!dests_.empty() && dests_[i])

@@ -41,8 +41,10 @@ Result<std::vector<size_t>> local_positions(const RestoreOptions::Sharding& s) {
 
 DType restored_dtype(const RestoreOptions& options, const std::map<std::string, DType>& want,
                      const std::string& name, DType saved) {
+  // A template's dtype wins over float_dtype, also where it is the saved
+  // one (float_dtype then cast a float64 leaf the template asked as float64).
   auto it = want.find(name);
-  if (it != want.end() && it->second != saved) return it->second;
+  if (it != want.end()) return it->second;
   if (options.float_dtype && dtype_is_float(saved)) return *options.float_dtype;
   return saved;
 }
@@ -71,7 +73,7 @@ Result<LeafTargets> ShardingTargets::leaf(const std::string& prefix, const LeafR
   out.name = prefix + "/" + rec.path;
   PartitionSpec spec;
   if (auto it = given_.find(out.name); it != given_.end()) {
-    if (it->second->shape != rec.shape)
+    if (!s.leaf_shapes_from_step && it->second->shape != rec.shape)
       return invalid_argument(out.name + ": the sharding given for it is for shape " +
                               shape_to_string(it->second->shape) + ", the saved leaf has shape " +
                               shape_to_string(rec.shape));
@@ -89,6 +91,11 @@ Result<LeafTargets> ShardingTargets::leaf(const std::string& prefix, const LeafR
   t.prefix = prefix;
   t.path = rec.path;
   t.dtype = restored_dtype(*options_, want_, out.name, rec.dtype);
+  // As a wider dtype the leaf's bytes may not fit in 64 bits (a hostile
+  // index), and every device box's size would wrap: refused here.
+  if (!checked_num_bytes(rec.shape, dtype_size(t.dtype)))
+    return invalid_argument("restore " + out.name + ": its " + std::string(dtype_name(t.dtype)) +
+                            " bytes do not fit in 64 bits");
   t.shape = rec.shape;
   std::map<std::vector<int64_t>, uint32_t> target_index;
   for (size_t p : local_) {

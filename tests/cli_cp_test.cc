@@ -115,6 +115,30 @@ TEST_F(CliCpTest, ACommittedStepNeedsOverwrite) {
   EXPECT_EQ(in["step"], 3);
 }
 
+// A source location inside the destination's step directory (or the other
+// way round) is refused: before, `cp ROOT/run-5 ROOT --step 5 --overwrite`
+// swapped ROOT/run-5, the source with all its steps, out of the way and
+// deleted it, then said the copy succeeded.
+TEST_F(CliCpTest, ALocationInsideTheOtherSideStepDirectoryIsRefused) {
+  const std::string nested = b_ + "/run-5";
+  synth_save(nested, 5, 1);
+  synth_save(nested, 6, 2);
+  for (const bool overwrite : {false, true}) {
+    std::vector<std::string> args = {"cp", nested, b_ + "/./", "--step", "5"};
+    if (overwrite) args.push_back("--overwrite");
+    CliResult r = run(args, 2);
+    expect_one_error_line(r);
+    EXPECT_NE(r.err.find("inside the destination's step directory"), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(committed(nested), (std::vector<int64_t>{5, 6}));
+  run({"synth", "check", nested, "--step", "5"});
+  // The destination inside the source's step directory.
+  CliResult r = run({"cp", nested, nested + "/run-6", "--step", "6"}, 2);
+  expect_one_error_line(r);
+  EXPECT_NE(r.err.find("inside the source's step directory"), std::string::npos) << r.err;
+  EXPECT_EQ(committed(nested), (std::vector<int64_t>{5, 6}));
+}
+
 TEST_F(CliCpTest, AllSkipsIdenticalStepsAndRefusesConflicts) {
   for (int s = 1; s <= 3; ++s) synth_save(a_, s, s);
   run({"cp", a_, b_, "--step", "2"});

@@ -566,8 +566,14 @@ TEST_F(CliTest, UsageErrorsExitTwo) {
   expect_one_error_line(run({"verify", dir_, "--step", "1", "--all"}, 2));
   expect_one_error_line(run({"--chunk-size", "1.5.5", "synth", "save", dir_, "--step", "1",
                              "--bytes", "1MiB"}, 2));
-  // --keep-every without --keep-last was silently ignored (no retention runs).
+  // --keep-every without --keep-last was silently ignored (no retention runs),
+  // and so was it with --keep-last 0 (which deletes no step).
   expect_one_error_line(run({"gc", dir_, "--keep-every", "2"}, 2));
+  expect_one_error_line(run({"gc", dir_, "--keep-last", "0", "--keep-every", "2"}, 2));
+  // A size of 0 was the library's default in disguise (--chunk-size 0 wrote 8 MiB requests).
+  for (const char* opt : {"--chunk-size", "--request-size", "--s3-part-size", "--staging-budget"})
+    expect_one_error_line(run({opt, "0", "synth", "save", dir_, "--step", "1", "--bytes", "1MiB"}, 2));
+  expect_one_error_line(run({"synth", "check", dir_, "--batch", "0"}, 2));
   // --batch bounds a whole restore's memory; a sharded check ignored it.
   expect_one_error_line(run({"synth", "check", dir_, "--mesh", "dp=2", "--batch", "1MiB"}, 2));
   // Forked processes share no mem:// store: the save could only time out.

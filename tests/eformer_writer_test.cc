@@ -546,7 +546,10 @@ TEST_P(EformerWriterTest, AStepASaveNeverFinishedDoesNotBlockTheStep) {
   // Something not the layout's there: refused everywhere, and kept.
   leave_unfinished("run-11");
   ASSERT_TRUE(put_text("run-11/notes.txt", "mine").ok());
-  EXPECT_EQ(write_step(*base_, 11, a).code(), Code::kAlreadyExists);
+  saved = write_step(*base_, 11, a);
+  EXPECT_EQ(saved.code(), Code::kAlreadyExists);
+  // (Which says it is no committed step: `ls` shows none there.)
+  EXPECT_NE(saved.message().find("holds objects but no committed step"), std::string::npos) << saved.to_string();
   EXPECT_TRUE(base_->stat("run-11/notes.txt").ok());
   // gc leaves steps in eformer's layout alone, finished or not: one in
   // progress may be eformer's own, in another process

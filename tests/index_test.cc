@@ -20,6 +20,7 @@
 
 #include "ckptio/index.h"
 #include "src/index/index_readers.h"
+#include "src/util/printable.h"
 
 namespace ckptio {
 namespace {
@@ -1591,6 +1592,24 @@ TEST(IndexCover, RandomLayoutsAgreeWithBruteForce) {
   EXPECT_GT(accepted, 1000);
   EXPECT_GT(rejected, 200);
   EXPECT_GT(many, 300);
+}
+
+// ---- printable(): outside text in messages and on terminals ----------------
+
+TEST(Printable, EscapesControlsAndC1ControlsAndKeepsUtf8Whole) {
+  EXPECT_EQ(printable("a\x1b[2Jb\x7f"), "a\\x1B[2Jb\\x7F");
+  EXPECT_EQ(printable("caf\xc3\xa9 \xc2\x9b" "31m"), "caf\xc3\xa9 \\xC2\\x9B31m");  // U+009B: CSI
+  EXPECT_EQ(printable("a\nb\tc"), "a\\x0Ab\\x09c");
+  EXPECT_EQ(printable("a\nb\tc\r", Printable{SIZE_MAX, false, /*keep_lines=*/true}), "a\nb\tc\\x0D");
+  EXPECT_EQ(ascii_printable("caf\xc3\xa9"), "caf\\xC3\\xA9");
+  // The cut: at most max bytes of output, never inside a UTF-8 sequence or an escape.
+  EXPECT_EQ(printable("abcdef", 4), "abcd...");
+  EXPECT_EQ(printable("ab\xc3\xa9z", 3), "ab...");
+  EXPECT_EQ(printable("ab\x01z", 5), "ab...");
+  EXPECT_EQ(printable("ab\x01z", 6), "ab\\x01...");
+  EXPECT_EQ(printable("abc", 3), "abc");
+  const std::string big(1 << 20, '\x01');
+  EXPECT_EQ(printable(big, 256).size(), 256 / 4 * 4 + 3);
 }
 
 }  // namespace

@@ -151,7 +151,8 @@ def inspect(uri, step=None, *, step_format="run-{step}", strict=False, **options
 
 def gc(uri, *, keep_last=0, keep_every=0, min_age_seconds=3600.0, step_format="run-{step}", **options):
     """Applies retention (keep_last > 0: keep the newest keep_last committed
-    steps, and those divisible by keep_every), then removes temporaries and
+    steps, and those divisible by keep_every; keep_every alone is refused),
+    then removes temporaries and
     leftovers of failed saves that have not changed for min_age_seconds (a
     save in progress elsewhere looks like a leftover until it commits: 0 is
     safe only when nothing saves to `uri`).

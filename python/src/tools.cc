@@ -28,6 +28,7 @@
 #include "ckptio/manager.h"
 #include "ckptio/s3.h"
 #include "python/src/binding.h"
+#include "src/util/iso8601.h"
 
 namespace ckptio::python {
 
@@ -91,16 +92,11 @@ std::string step_dir_name(const std::string& format, int64_t step) {
   return s;
 }
 
-std::string time_iso(int64_t unix_ns) {
-  if (unix_ns <= 0) return "";
-  std::time_t t = static_cast<std::time_t>(unix_ns / 1'000'000'000);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-  char out[80];
-  std::snprintf(out, sizeof out, "%s.%03dZ", buf, static_cast<int>((unix_ns / 1'000'000) % 1000));
-  return out;
+// None for a time not recorded (<= 0: an eformer step whose metadata.json
+// has no timestamp), as the CLI's --json says null.
+py::object time_iso(int64_t unix_ns) {
+  if (unix_ns <= 0) return py::none();
+  return py::str(format_iso8601_ns(unix_ns));
 }
 
 py::object error_pair(const Status& s) {
@@ -370,6 +366,9 @@ py::dict inspect(const std::string& uri, std::optional<int64_t> step, const std:
 py::dict gc(const std::string& uri, int keep_last, int64_t keep_every, double min_age_seconds,
             const std::string& step_format, py::dict local, py::dict s3) {
   if (keep_last < 0 || keep_every < 0) throw StatusError(invalid_argument("gc: keep_last and keep_every must be >= 0"));
+  // As the CLI's: keep_last=0 deletes no step, so keep_every would keep nothing more.
+  if (keep_every > 0 && keep_last == 0)
+    throw StatusError(invalid_argument("gc: keep_every needs keep_last > 0 (keep_last=0 deletes no step)"));
   if (!(min_age_seconds >= 0)) throw StatusError(invalid_argument("gc: min_age_seconds must be >= 0"));
   const Location l = location(uri, step_format, false, std::move(local), std::move(s3));
   std::vector<StepInfo> before, after;

@@ -75,6 +75,17 @@ def test_restore_latest_eformer_step_whole_and_sharded(tmp_path):
     mgr.close()
 
 
+def test_inspect_says_none_for_a_time_the_step_did_not_record(tmp_path):
+    base = str(tmp_path / "ckpt")
+    write_eformer_step(base, 3, {"model": {"w": (np.ones(4, np.float32), (4,), None)}})
+    d = ckptio.inspect(base)
+    assert d["layout"] == "eformer" and d["committed_at"].endswith("Z") and d["committed_unix_ns"] > 0
+    meta = os.path.join(base, "run-3", "metadata.json")
+    json.dump({"step": 3, "is_temporary": False}, open(meta, "w"))  # (no timestamp: was "")
+    d = ckptio.inspect(base)
+    assert d["committed_at"] is None and d["committed_unix_ns"] == 0
+
+
 def test_a_missing_chunk_raises_unless_filled(tmp_path):
     base = str(tmp_path / "ckpt")
     mu = np.arange(32 * 16, dtype=np.float32).reshape(32, 16) + 1

@@ -136,6 +136,8 @@ def test_gc(two_steps):
         ("run-1", True), ("run-3.tmp-0123456789abcdef", False)]
     assert r["kept_steps"] == [2] and r["freed_bytes"] >= 100 and not os.path.exists(leftover)
     _same(_restore(two_steps), _state(2))
+    with pytest.raises(ckptio.InvalidArgument, match="keep_every needs keep_last"):
+        ckptio.gc(two_steps, keep_every=2)  # (was ignored: no retention ran)
 
 
 def test_cp_to_s3_and_back(two_steps, tmp_path, s3_uri_and_options):

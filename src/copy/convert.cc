@@ -384,7 +384,16 @@ Result<CopyStats> to_ckptio(Storage& src, const std::string& src_dir, const Inde
     stats.commit_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
     return st;
   };
-  Status st = commit();
+  // What the conversion throws (std::bad_alloc from a write, a refused
+  // thread) discards the attempt too: before, it stayed for gc, and on an
+  // object store its objects refused a later conversion of the step.
+  Status st;
+  try {
+    st = commit();
+  } catch (...) {
+    if (!outcome_unknown) discard_attempt_nothrow(dst, paths, {file});
+    throw;
+  }
   if (!st.ok()) {
     // Unless the index may be there (then the data is left for gc).
     if (!outcome_unknown) discard_attempt(dst, paths, {file});

@@ -13,6 +13,7 @@
 // (rename, or the index PUT last). Any failure runs discard_attempt(), which
 // never touches a committed step's objects.
 #include <chrono>
+#include <filesystem>
 #include <new>
 
 #include "src/util/callback.h"
@@ -122,6 +123,34 @@ struct DestinationState {
   bool eformer = false;  // a step in eformer's layout (no ckptio index)
 };
 
+// Where a step directory is, as text: the storage's location (a local path
+// lexically normalized) and the directory.
+std::string location_of(const Storage& s, const std::string& dir) {
+  std::string base = s.describe();
+  if (!base.empty() && base.front() == '/') base = std::filesystem::path(base).lexically_normal().string();
+  while (!base.empty() && base.back() == '/') base.pop_back();
+  return base + "/" + dir;
+}
+
+// One step directory inside the other (`cp /x/run-5 /x --step 5`: the
+// source's location is the destination's step directory): the commit would
+// replace (with overwrite: delete) or fill the directory being read. Before,
+// an overwrite swapped the whole source location out and deleted it. The same
+// directory is no nesting: a copy onto itself reads the source whole first.
+Status refuse_nested(const Storage& src, const std::string& src_dir, const Storage& dst, const std::string& dst_dir) {
+  const std::string a = location_of(src, src_dir), b = location_of(dst, dst_dir);
+  auto inside = [](const std::string& in, const std::string& out) {
+    return in.size() > out.size() && in.compare(0, out.size(), out) == 0 && in[out.size()] == '/';
+  };
+  if (inside(a, b))
+    return invalid_argument("cannot copy " + a + " to " + b + ": the source lies inside the destination's step "
+                            "directory, which the copy replaces");
+  if (inside(b, a))
+    return invalid_argument("cannot copy " + a + " to " + b + ": the destination lies inside the source's step "
+                            "directory");
+  return Status::OK();
+}
+
 Result<DestinationState> inspect_destination(Storage& dst, const std::string& dir, const Index& src) {
   auto text = get_own_object(dst, index_key(dir), IndexLimits{}.max_bytes);
   if (!text.ok()) {
@@ -184,21 +213,27 @@ Result<CopyStats> copy_attempt(Storage& src, Storage& dst, const Namings& names,
 
   const auto t0 = Clock::now();
   bool outcome_unknown = false;
-  Status st = plan.on_progress ? plan.on_progress(0) : Status::OK();
-  StreamResult streamed;
-  if (st.ok()) {
-    auto r = stream_data_files(src, dst, s.index, plan);
-    st = r.status();
-    if (r.ok()) streamed = *r;
-  }
-  stats.data_seconds = seconds_since(t0);
-  if (st.ok()) {
-    stats.bytes = streamed.bytes;
-    stats.shards = streamed.shards;
-    stats.files = s.index.files.size();
-    const auto t1 = Clock::now();
-    st = commit_attempt(dst, paths, index_text, o.overwrite, &outcome_unknown);
-    stats.commit_seconds = seconds_since(t1);
+  Status st;
+  try {  // what it throws (std::bad_alloc) discards the attempt too
+    st = plan.on_progress ? plan.on_progress(0) : Status::OK();
+    StreamResult streamed;
+    if (st.ok()) {
+      auto r = stream_data_files(src, dst, s.index, plan);
+      st = r.status();
+      if (r.ok()) streamed = *r;
+    }
+    stats.data_seconds = seconds_since(t0);
+    if (st.ok()) {
+      stats.bytes = streamed.bytes;
+      stats.shards = streamed.shards;
+      stats.files = s.index.files.size();
+      const auto t1 = Clock::now();
+      st = commit_attempt(dst, paths, index_text, o.overwrite, &outcome_unknown);
+      stats.commit_seconds = seconds_since(t1);
+    }
+  } catch (...) {
+    if (!outcome_unknown) discard_attempt_nothrow(dst, paths, dst_files);
+    throw;
   }
   if (!st.ok()) {
     if (!outcome_unknown) discard_attempt(dst, paths, dst_files);  // (else gc's, if not committed)
@@ -212,6 +247,7 @@ Result<CopyStats> copy_one(Storage& src, Storage& dst, const Namings& names, int
   const auto t0 = Clock::now();
   CKPTIO_ASSIGN_OR_RETURN(SourceStep s, read_source(src, names.src, step));
   const std::string dir = names.dst.name(step);
+  CKPTIO_RETURN_IF_ERROR(refuse_nested(src, s.dir, dst, dir));
   CKPTIO_ASSIGN_OR_RETURN(DestinationState d, inspect_destination(dst, dir, s.index));
   CopyStats stats;
   stats.step = step;

@@ -17,6 +17,7 @@
 
 #include "src/index/index_internal.h"
 #include "src/util/async.h"
+#include "src/util/printable.h"
 #include "src/util/position_table.h"
 
 namespace ckptio::index_internal {
@@ -30,33 +31,7 @@ bool is_flat_name(std::string_view name) {
 
 // ---- Messages ---------------------------------------------------------------
 
-// Text from the input, made safe and short for a message: control bytes (and,
-// with `ascii`, every non-ASCII byte) become \xNN, and long text is cut at a
-// UTF-8 boundary.
-std::string for_message(std::string_view s, bool ascii, size_t max) {
-  bool cut = false;
-  if (s.size() > max) {
-    size_t n = max;
-    while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
-    s = s.substr(0, n);
-    cut = true;
-  }
-  std::string out;
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c < 0x20 || c == 0x7F || (ascii && c >= 0x80)) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02X", c);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  if (cut) out += "...";
-  return out;
-}
-
-std::string quote_name(std::string_view s) { return "\"" + for_message(s) + "\""; }
+std::string quote_name(std::string_view s) { return "\"" + printable(s, 120) + "\""; }
 
 // ---- Record checks, shared by both readers ----------------------------------
 
@@ -169,7 +144,7 @@ std::optional<Problem> check_shard_files(const Index& index,
       for (size_t j = 0; j < p.leaves[i].shards.size(); ++j) {
         const ShardRecord& s = p.leaves[i].shards[j];
         auto at = [&] {
-          return "prefixes." + for_message(p.name) + "[" + std::to_string(i) + "].shards[" + std::to_string(j) + "]";
+          return "prefixes." + printable(p.name, 120) + "[" + std::to_string(i) + "].shards[" + std::to_string(j) + "]";
         };
         if (s.length == 0 && s.crc32c != 0)
           return Problem{at() + ".crc32c", "an empty shard's checksum is 0, not " + std::to_string(s.crc32c)};

@@ -26,9 +26,8 @@ namespace ckptio::index_internal {
 
 // ---- Messages (checks.cc) ---------------------------------------------------
 
-// Input text made safe and short for a message (\xNN escapes, cut at `max`).
-std::string for_message(std::string_view s, bool ascii = false, size_t max = 120);
-// for_message(s) in double quotes.
+// Input text made safe and short for a message (src/util/printable.h, 120
+// bytes at most), in double quotes.
 std::string quote_name(std::string_view s);
 
 // ---- JSON text and serialization (serialize.cc) -----------------------------

@@ -45,6 +45,7 @@
 #include "src/index/index_readers.h"
 #include "src/index/schema.h"
 #include "src/util/json_scan.h"
+#include "src/util/printable.h"
 
 namespace ckptio::index_internal {
 namespace {
@@ -231,7 +232,7 @@ std::string IndexReader::location(bool container) const {
         s += "[" + std::to_string(innermost ? f.count : f.count - 1) + "]";
     } else if (f.has_key) {
       if (!s.empty()) s += '.';
-      s += for_message(f.key);
+      s += printable(f.key, 120);
     }
   }
   return s;
@@ -259,7 +260,7 @@ bool IndexReader::parse_error(std::size_t position, const std::string&,
   std::string_view what = ex.what();
   if (auto p = what.find("] "); p != std::string_view::npos) what.remove_prefix(p + 2);
   return fail_here("invalid JSON at byte " + std::to_string(position) + ": " +
-                   for_message(what, /*ascii=*/true, 300));
+                   ascii_printable(what, 300));
 }
 
 // ---- Events ----

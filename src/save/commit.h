@@ -50,6 +50,15 @@ Status publish_attempt(Storage& storage, const AttemptPaths& paths, const std::s
 // Removes what a failed attempt wrote (never a committed step's objects).
 void discard_attempt(Storage& storage, const AttemptPaths& paths,
                      const std::vector<std::string>& data_files);
+// discard_attempt() while an exception unwinds: what it throws itself
+// (std::bad_alloc) leaves the rest for gc.
+inline void discard_attempt_nothrow(Storage& storage, const AttemptPaths& paths,
+                                    const std::vector<std::string>& data_files) noexcept {
+  try {
+    discard_attempt(storage, paths, data_files);
+  } catch (...) {
+  }
+}
 
 // Takes a committed step out of the committed set in one atomic, durable
 // step: POSIX renames it to <dir>.del-<id> and syncs the parent; an object

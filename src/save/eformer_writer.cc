@@ -407,9 +407,19 @@ Result<std::unique_ptr<EformerStepWriter>> EformerStepWriter::start(Storage& sto
       CKPTIO_ASSIGN_OR_RETURN(ListResult all, storage.list(final_dir + "/", false));
       unfinished = is_unfinished_eformer_step(final_dir, all.objects);
     }
-    if (!unfinished)
+    if (!unfinished) {
+      // No commit marker there: other leftovers (a ckptio save or copy of
+      // the step that did not finish), which `ls` does not show as a step.
+      bool committed = false;
+      for (const ListEntry& e : there.objects)
+        committed |= e.key == final_dir + "/" + std::string(kEformerMetadataName) || e.key == index_key(final_dir);
       return Status(Code::kAlreadyExists,
-                    storage.describe() + "/" + final_dir + " already exists (overwrite not set)");
+                    storage.describe() + "/" + final_dir +
+                        (committed ? " already exists (overwrite not set)"
+                                   : " holds objects but no committed step (leftovers of a save or copy that did "
+                                     "not finish: gc removes them once older than its minimum age; or set "
+                                     "overwrite)"));
+    }
     logging::warn("ckptio: {}/{} holds a step a save began and never finished (no metadata.json): removing it",
                   storage.describe(), final_dir);
     CKPTIO_RETURN_IF_ERROR(storage.remove_prefix(final_dir + "/"));

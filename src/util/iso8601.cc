@@ -1,5 +1,8 @@
 #include "src/util/iso8601.h"
 
+#include <cstdio>
+#include <ctime>
+
 namespace ckptio {
 namespace {
 
@@ -63,6 +66,17 @@ std::optional<int64_t> parse_iso8601_ns(std::string_view s, TimeZones zones) {
   if (__builtin_mul_overflow(seconds, int64_t{1'000'000'000}, &ns) || __builtin_add_overflow(ns, frac_ns, &ns))
     return std::nullopt;
   return ns;
+}
+
+std::string format_iso8601_ns(int64_t unix_ns) {
+  const std::time_t t = static_cast<std::time_t>(unix_ns / 1'000'000'000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  char out[80];
+  std::snprintf(out, sizeof out, "%s.%03dZ", buf, static_cast<int>((unix_ns / 1'000'000) % 1000));
+  return out;
 }
 
 }  // namespace ckptio

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace ckptio {
@@ -22,5 +23,9 @@ enum class TimeZones {
 // range (seconds up to 60, a leap second), or a time int64 nanoseconds
 // cannot hold (before 1677-09-21T00:12:44Z, after 2262-04-11T23:47:16Z).
 std::optional<int64_t> parse_iso8601_ns(std::string_view text, TimeZones zones);
+
+// The other way, for what ckptio prints (the CLI's --json, Python's
+// inspect()): "2024-05-01T10:34:56.123Z", UTC, milliseconds.
+std::string format_iso8601_ns(int64_t unix_ns);
 
 }  // namespace ckptio

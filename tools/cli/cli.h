@@ -87,6 +87,9 @@ using Command = std::function<int()>;
 std::optional<uint64_t> parse_size(std::string_view text);
 // parse_size or CliError(kExitUsage) naming the option.
 uint64_t size_arg(const std::string& text, const std::string& option);
+// size_arg, and 0 refused: for sizes whose 0 the library reads as "the
+// default" (a --chunk-size 0 would silently be 8 MiB).
+uint64_t positive_size_arg(const std::string& text, const std::string& option);
 
 // CLI11 checks for numbers >= 0 and > 0 with a one-line message.
 CLI::Validator non_negative();
@@ -102,7 +105,6 @@ double gbps(uint64_t bytes, double seconds);              // 1e9 bytes per secon
 std::string format_gbps(uint64_t bytes, double seconds);  // "1.23 GB/s"
 std::string format_seconds(double s);                     // "0.85 s" / "320 ms"
 std::string format_time_local(int64_t unix_ns);           // "2024-05-01 12:34:56"
-std::string format_time_iso(int64_t unix_ns);             // "2024-05-01T10:34:56.123Z"
 // Pads each cell to its column's width; `right` marks right-aligned columns.
 std::string format_table(const std::vector<std::vector<std::string>>& rows,
                          const std::vector<bool>& right = {});
@@ -112,12 +114,12 @@ double round_to(double v, int digits);
 // a leaf's name from a checkpoint) replaced by U+FFFD rather than throwing
 // (nlohmann's type_error 316: the command's work was done, its report lost).
 std::string json_text(const nlohmann::json& j, int indent = 2);
-// format_time_iso(), or null for a time not recorded (<= 0: an eformer step
+// format_iso8601_ns() (src/util/iso8601.h), or null for a time not recorded (<= 0: an eformer step
 // whose metadata.json has no timestamp; before, "1970-01-01T00:00:00.000Z").
 nlohmann::json iso_time_or_null(int64_t unix_ns);
 // Text from outside (names and messages from a checkpoint, a server) made
-// safe for a terminal: control bytes but newline and tab, and C1 controls
-// in UTF-8, as \xNN (an escape sequence in a leaf's name was sent raw).
+// safe for a terminal: printable() (src/util/printable.h) keeping newline
+// and tab, uncut (an escape sequence in a leaf's name was sent raw).
 std::string terminal_text(std::string_view s);
 
 // ---- URIs and managers -----------------------------------------------------

@@ -15,6 +15,8 @@
 #include <sstream>
 
 #include "tools/cli/cli.h"
+#include "src/util/iso8601.h"
+#include "src/util/printable.h"
 
 namespace ckptio::cli {
 
@@ -95,6 +97,12 @@ uint64_t size_arg(const std::string& text, const std::string& option) {
     fail(kExitUsage, "bad SIZE '" + text + "' for " + option +
                          " (expected bytes or a number with KiB/MiB/GiB/TiB or KB/MB/GB/TB)");
   return *v;
+}
+
+uint64_t positive_size_arg(const std::string& text, const std::string& option) {
+  const uint64_t v = size_arg(text, option);
+  if (v == 0) fail(kExitUsage, option + " must be > 0");
+  return v;
 }
 
 CLI::Validator non_negative() {
@@ -216,42 +224,16 @@ std::string format_time_local(int64_t unix_ns) {
   return buf;
 }
 
-std::string format_time_iso(int64_t unix_ns) {
-  std::time_t t = static_cast<std::time_t>(unix_ns / 1'000'000'000);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-  char out[80];
-  std::snprintf(out, sizeof out, "%s.%03dZ", buf, static_cast<int>((unix_ns / 1'000'000) % 1000));
-  return out;
-}
-
 std::string json_text(const nlohmann::json& j, int indent) {
   return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 nlohmann::json iso_time_or_null(int64_t unix_ns) {
-  return unix_ns > 0 ? nlohmann::json(format_time_iso(unix_ns)) : nlohmann::json(nullptr);
+  return unix_ns > 0 ? nlohmann::json(format_iso8601_ns(unix_ns)) : nlohmann::json(nullptr);
 }
 
 std::string terminal_text(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const bool c1 = c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) >= 0x80 &&
-                    static_cast<unsigned char>(s[i + 1]) <= 0x9F;  // U+0080..U+009F
-    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7F || c1) {
-      char buf[16];
-      if (c1) std::snprintf(buf, sizeof buf, "\\xC2\\x%02X", static_cast<unsigned char>(s[++i]));
-      else std::snprintf(buf, sizeof buf, "\\x%02X", c);
-      out += buf;
-    } else {
-      out.push_back(s[i]);
-    }
-  }
-  return out;
+  return printable(s, Printable{SIZE_MAX, /*ascii=*/false, /*keep_lines=*/true});
 }
 
 std::string format_table(const std::vector<std::vector<std::string>>& rows_in,
@@ -317,11 +299,8 @@ ManagerOptions manager_options(const GlobalOptions& g) {
   ManagerOptions o;
   o.step_format = g.step_format;
   o.strict = g.strict;
-  if (!g.chunk_size.empty()) o.chunk_size = size_arg(g.chunk_size, "--chunk-size");
-  if (!g.staging_budget.empty()) {
-    o.staging_budget = size_arg(g.staging_budget, "--staging-budget");
-    if (o.staging_budget == 0) fail(kExitUsage, "--staging-budget must be > 0");
-  }
+  if (!g.chunk_size.empty()) o.chunk_size = positive_size_arg(g.chunk_size, "--chunk-size");
+  if (!g.staging_budget.empty()) o.staging_budget = positive_size_arg(g.staging_budget, "--staging-budget");
   return o;
 }
 
@@ -330,7 +309,7 @@ StorageOptions storage_options(const GlobalOptions& g) {
   LocalOptions& local = o.get<LocalOptions>();
   local.direct_io = g.direct_io;
   local.read_mode = g.read_mode;
-  if (!g.request_size.empty()) local.request_size = size_arg(g.request_size, "--request-size");
+  if (!g.request_size.empty()) local.request_size = positive_size_arg(g.request_size, "--request-size");
   local.queue_depth = g.queue_depth;
 
   S3Options& s3 = o.get<S3Options>();
@@ -338,7 +317,7 @@ StorageOptions storage_options(const GlobalOptions& g) {
   s3.region = g.s3_region;
   s3.profile = g.s3_profile;
   // The backend checks the range (S3's smallest part is 5 MiB): one rule, one place.
-  if (!g.s3_part_size.empty()) s3.part_size = size_arg(g.s3_part_size, "--s3-part-size");
+  if (!g.s3_part_size.empty()) s3.part_size = positive_size_arg(g.s3_part_size, "--s3-part-size");
   s3.max_connections = g.s3_max_connections;
   s3.addressing = g.s3_addressing;
   s3.anonymous = g.s3_anonymous;

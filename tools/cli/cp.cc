@@ -62,11 +62,8 @@ int run_cp(const GlobalOptions& g, const CpOptions& o) {
   co.overwrite = o.overwrite;
   co.format = o.format;
   co.zstd_level = o.zstd_level;
-  if (!g.chunk_size.empty()) co.chunk_size = size_arg(g.chunk_size, "--chunk-size");
-  if (!o.memory.empty()) {
-    co.max_memory = size_arg(o.memory, "--memory");
-    if (co.max_memory == 0) fail(kExitUsage, "--memory must be > 0");
-  }
+  if (!g.chunk_size.empty()) co.chunk_size = positive_size_arg(g.chunk_size, "--chunk-size");
+  if (!o.memory.empty()) co.max_memory = positive_size_arg(o.memory, "--memory");
   auto src = open_storage_at(g, o.src, Access::kRead);
   auto dst = open_storage_at(g, o.dst, Access::kWrite);
 

@@ -92,7 +92,13 @@ void add_gc(CLI::App& app, const GlobalOptions& g, Command* run) {
       ->check(non_negative())
       ->needs(keep_last);
   sub->add_flag("--json", o->json, "Print {removed: [...], freed_bytes, kept_steps}");
-  sub->callback([o, &g, run] { *run = [o, &g] { return run_gc(g, *o); }; });
+  sub->callback([o, &g, run] {
+    // --keep-last 0 deletes no step, so K would keep nothing more: a
+    // command that looks like it prunes and does not is refused.
+    if (o->keep_every > 0 && o->keep_last == 0)
+      throw CLI::ValidationError("--keep-every", "needs --keep-last N with N > 0 (--keep-last 0 deletes no step)");
+    *run = [o, &g] { return run_gc(g, *o); };
+  });
 }
 
 }  // namespace ckptio::cli

@@ -363,8 +363,8 @@ int run_check(const GlobalOptions& g, const CheckCmd& o) {
     return run_sharded_check(
         g, o.sharding,
         ShardedCheckArgs{o.uri, o.step, o.coalesce_gap, o.json, o.verify_whole_shards, !o.no_prefault});
+  const uint64_t batch = o.batch.empty() ? 0 : positive_size_arg(o.batch, "--batch");
   auto m = open_manager(g, o.uri, Access::kRead);
-  const uint64_t batch = o.batch.empty() ? 0 : size_arg(o.batch, "--batch");
   // --step N checks that step. Without it, as a restarting trainer's
   // restore-latest does: the newest committed step, skipping damaged ones
   // (index or data; each printed) unless --strict.

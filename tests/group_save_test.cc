@@ -594,6 +594,16 @@ TEST(GroupSave, OptionsAreChecked) {
   g.poll_seconds = 0;
   EXPECT_TRUE(check_process_group(g).ok());
   g.poll_seconds = 0.05;
+  // An infinite timeout kept every process waiting for a dead one for ever;
+  // a group larger than a manifest may name failed every save on its manifests.
+  g.timeout_seconds = HUGE_VAL;
+  EXPECT_EQ(check_process_group(g).code(), Code::kInvalidArgument);
+  g.timeout_seconds = 60;
+  g.count = (1 << 20) + 1;
+  EXPECT_EQ(check_process_group(g).code(), Code::kInvalidArgument);
+  g.count = 1 << 20;
+  EXPECT_TRUE(check_process_group(g).ok());
+  g.count = 4;
   // Same inputs, same id; any difference, another id.
   EXPECT_EQ(group_attempt_id("a", 1, 0), group_attempt_id("a", 1, 0));
   EXPECT_NE(group_attempt_id("a", 1, 0), group_attempt_id("b", 1, 0));

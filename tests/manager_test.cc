@@ -1027,6 +1027,22 @@ TEST_P(ManagerTest, RetentionKeepsLastAndEveryK) {
   EXPECT_EQ(dirs->size(), 3u);
 }
 
+// A step saved older than the newest max_to_keep (a run resumed from an
+// older step) is kept by its own commit's retention: before, it was deleted
+// as soon as it committed (its handle said OK, and no step 3 was there).
+// The next commit's retention counts it as any other.
+TEST_P(ManagerTest, RetentionKeepsTheStepItsCommitRanFor) {
+  auto m = manager({.max_to_keep = 2});
+  auto state = sample_state(10);
+  for (int64_t s : {5, 6}) ASSERT_TRUE(m->save(s, views(state)).value().wait().ok());
+  ASSERT_TRUE(m->save(3, views(state)).value().wait().ok());
+  ASSERT_TRUE(m->wait_until_finished().ok());
+  EXPECT_EQ(m->all_steps().value(), (std::vector<int64_t>{3, 5, 6}));
+  ASSERT_TRUE(m->save(7, views(state)).value().wait().ok());
+  ASSERT_TRUE(m->wait_until_finished().ok());
+  EXPECT_EQ(m->all_steps().value(), (std::vector<int64_t>{6, 7}));
+}
+
 // The step's index is stored, and the caller told the PUT failed.
 const FaultRule kIndexPutAnswerLost{
     .op = FaultOp::kPut, .key_substr = "ckptio_index.json", .code = Code::kUnavailable, .times = 1, .after = true};

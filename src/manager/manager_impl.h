@@ -160,9 +160,11 @@ struct CheckpointManager::Impl {
   // Retention (apply_retention); the steps deleted go to `deleted` when given.
   // With `reap`, each step is only retired (out of the committed set, at
   // once) and the prefix left to remove is added to *reap; without, it is
-  // deleted whole before this returns.
+  // deleted whole before this returns. `committed`: the step whose commit
+  // ran this retention, kept whatever its number (not counted among the
+  // newest max_to_keep when older than them).
   Status retain(int max_to_keep, int64_t keep_every, std::vector<int64_t>* deleted,
-                std::vector<std::string>* reap = nullptr);
+                std::vector<std::string>* reap = nullptr, std::optional<int64_t> committed = std::nullopt);
   // gc() in the process that made the manager.
   Status gc(const GcOptions& options);
 

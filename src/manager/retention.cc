@@ -12,7 +12,7 @@
 namespace ckptio {
 
 Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std::vector<int64_t>* deleted,
-                                      std::vector<std::string>* reap) {
+                                      std::vector<std::string>* reap, std::optional<int64_t> committed) {
   CKPTIO_ASSIGN_OR_RETURN(auto steps, committed_steps(/*parse=*/false, false));
   if (steps.empty() || max_to_keep <= 0) return Status::OK();
   // The newest max_to_keep steps whose index reads, and every step newer
@@ -47,6 +47,12 @@ Status CheckpointManager::Impl::retain(int max_to_keep, int64_t keep_every, std:
   if (keep_every > 0)
     for (int64_t s : steps)
       if (s % keep_every == 0) keep.insert(s);
+  // A step saved older than the newest max_to_keep (a run resumed from an
+  // older step) stays: before, its commit's own retention deleted it at once,
+  // and in a group the other processes, not having seen its index yet, waited
+  // for the outcome until their timeout. The next commit's retention counts
+  // it as any other.
+  if (committed) keep.insert(*committed);
   Status first;
   for (int64_t s : steps) {
     if (keep.count(s)) continue;

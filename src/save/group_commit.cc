@@ -41,6 +41,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <set>
 #include <span>
@@ -140,7 +141,9 @@ std::string group_attempt_id(const std::string& run_id, int64_t step, uint64_t n
 }
 
 Status check_process_group(const ProcessGroup& g) {
-  if (g.count < 1) return invalid_argument("processes.count must be >= 1, got " + std::to_string(g.count));
+  if (g.count < 1 || g.count > kMaxGroupProcesses)
+    return invalid_argument("processes.count must be in [1, 2^20] (what a manifest may name), got " +
+                            std::to_string(g.count));
   if (g.index < 0 || g.index >= g.count)
     return invalid_argument("processes.index " + std::to_string(g.index) + " is outside [0, " +
                             std::to_string(g.count) + ")");
@@ -152,7 +155,9 @@ Status check_process_group(const ProcessGroup& g) {
       g.run_id.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.") !=
           std::string::npos)
     return invalid_argument("processes.run_id may hold letters, digits, '-', '_' and '.' (at most 256)");
-  if (!(g.timeout_seconds > 0)) return invalid_argument("processes.timeout_seconds must be > 0");
+  // (Infinity: a dead process would keep every other waiting for ever.)
+  if (!(g.timeout_seconds > 0) || !std::isfinite(g.timeout_seconds))
+    return invalid_argument("processes.timeout_seconds must be > 0 and finite");
   // Each poll sleeps this long: NaN or infinity made the sleep's conversion
   // to nanoseconds undefined (in practice a busy loop on the storage).
   if (!(g.poll_seconds >= 0 && g.poll_seconds <= kMaxPollSeconds))

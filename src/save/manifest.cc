@@ -117,7 +117,7 @@ Result<Manifest> parse_manifest(std::string_view json) {
         attempt->get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
       return data_loss("manifest: \"attempt\" must be a non-empty lowercase hex string");
     if (!count_v || !count_v->is_number_integer() || count_v->get<int64_t>() < 1 ||
-        count_v->get<int64_t>() > (1 << 20))
+        count_v->get<int64_t>() > kMaxGroupProcesses)
       return data_loss("manifest: \"process_count\" must be an integer in [1, 2^20]");
     if (!index_v || !index_v->is_number_integer() || index_v->get<int64_t>() < 0 ||
         index_v->get<int64_t>() >= count_v->get<int64_t>())

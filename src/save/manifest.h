@@ -34,6 +34,9 @@ struct Manifest {
 // record's) is quoted in this process's, through printable(): it was read
 // from the storage.
 inline constexpr size_t kQuotedErrorMax = 4096;
+// The most processes a manifest may name (ProcessGroup::count is checked
+// against it: a larger group's every save failed on its own manifests).
+inline constexpr int64_t kMaxGroupProcesses = int64_t{1} << 20;
 
 std::string serialize_manifest(const Manifest& m);
 // kDataLoss naming the problem (the index parser's location, or the field).

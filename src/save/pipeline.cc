@@ -276,7 +276,7 @@ void CheckpointManager::Impl::finish_job(SaveJob& job, const Status& st, const S
   r.after_step = job.step;
   std::vector<std::string> reap;
   try {
-    r.status = retain(options.max_to_keep, options.keep_every, &r.deleted, &reap);
+    r.status = retain(options.max_to_keep, options.keep_every, &r.deleted, &reap, job.step);
     if (!reap.empty()) {
       {
         std::lock_guard lock(mu);

@@ -439,6 +439,23 @@ TEST_P(GroupSaveTest, ASaveItsCallerRefusedCountsAsARefusedSave) {
 // process may delete its data file: once the storage answers again the
 // step restores whole. On a file system (the commit is the rename, never
 // reached) the step is not committed.
+// The coordinator's removal of a manifest, which tells a process polling on
+// a file system that the commit is durable, fails once: it is tried again.
+// Before, that process waited for its timeout and reported the committed
+// step unconfirmed (Unavailable) while process 0 reported OK.
+TEST_P(GroupSaveTest, AManifestRemovalThatFailsOnceIsTriedAgain) {
+  const auto state = global_state(8);
+  std::vector<ProcessState> states;
+  for (int p = 0; p < 3; ++p) states.push_back(process_state(state, mesh_, p, 3));
+  faults_->add_rule(FaultRule{.op = FaultOp::kRemove, .key_substr = "manifest-", .skip = 1, .times = 1});  // process 1's
+  const auto t0 = std::chrono::steady_clock::now();
+  auto out = save_all(5, states, options_for(3, /*timeout=*/20));
+  for (int p = 0; p < 3; ++p) EXPECT_TRUE(out[p].ok()) << "process " << p << ": " << out[p].to_string();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10)) << "waited for the timeout";
+  faults_->clear_rules();
+  expect_step(5, state);
+}
+
 TEST_P(GroupSaveTest, AnIndexPutOfUnknownOutcomeDeletesNoDataFile) {
   const auto state = global_state(8);
   std::vector<ProcessState> states;

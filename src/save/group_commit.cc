@@ -255,8 +255,23 @@ void announce_outcome(const GroupSave& g, const Status& outcome) {
     if (!b.ok()) logging::warn("ckptio: barrier {}: {}", barrier_name(g, "decided"), b.to_string());
   }
   if (outcome.ok()) {  // the manifests served their purpose (and tell the others, polling, that it is done)
-    for (int i = 0; i < g.group.count; ++i)
-      (void)g.storage.remove(g.paths.final_dir + "/" + manifest_name(g.paths.attempt, i));
+    // A removal that fails is tried again: on a file system a process
+    // polling for the outcome takes the commit as confirmed only once its
+    // manifest is gone, and waited for its timeout before reporting the
+    // step unconfirmed (one failed unlink, after a commit that succeeded).
+    for (int i = 0; i < g.group.count; ++i) {
+      const std::string key = g.paths.final_dir + "/" + manifest_name(g.paths.attempt, i);
+      Status st;
+      for (int attempt = 0; attempt < 4; ++attempt) {
+        if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50 << attempt));
+        st = g.storage.remove(key);
+        if (st.ok() || st.code() == Code::kNotFound) break;
+      }
+      if (!st.ok() && st.code() != Code::kNotFound)
+        logging::warn("ckptio: step {} is committed, but {} could not be removed ({}): process {} reports it "
+                      "unconfirmed at its timeout if it polls for the outcome",
+                      g.step, key, st.to_string(), i);
+    }
   }
 }
 

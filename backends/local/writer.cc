@@ -308,8 +308,17 @@ Result<std::unique_ptr<WritableObject>> open_writer(std::shared_ptr<Ring> ring, 
     }
   }
   const uint64_t request = options.request_size ? options.request_size : (8ull << 20);
-  return std::unique_ptr<WritableObject>(
-      new LocalWriter(std::move(ring), path, temp, fd.release(), direct, request));
+  // The writer takes the descriptor only once it exists: before, a
+  // std::bad_alloc copying the names after fd.release() leaked it, and the
+  // temporary file stayed.
+  try {
+    std::unique_ptr<WritableObject> w(new LocalWriter(std::move(ring), path, temp, fd.get(), direct, request));
+    (void)fd.release();  // closed by the writer now
+    return w;
+  } catch (...) {
+    ::unlink(temp.c_str());
+    throw;
+  }
 }
 
 }  // namespace ckptio::local

@@ -817,6 +817,35 @@ TEST_P(ShardedRestore, FloatDtypeCastsEveryDeviceBuffer) {
   EXPECT_NE(t.device_shards[0].data.data(), t.device_shards[2].data.data());
 }
 
+// Reads are cut at most staging_bytes long: a cut inside an element of a
+// leaf being cast dropped its bytes (the first piece cast whole elements
+// only) and shifted every element after it. Cuts now fall on multiples of
+// 64 bytes from a read's start, a whole element of any dtype.
+TEST_P(ShardedRestore, ACastLeafReadInPiecesOfAnOddSizeIsCastWhole) {
+  std::vector<SavedArray> arrays = {make_array("params.w", DType::kFloat32, {500}, 37)};
+  for (size_t i = 0; i < arrays[0].global.size(); i += 4) {  // finite floats
+    const float f = static_cast<float>(i) * 0.37f - 100.0f;
+    std::memcpy(&arrays[0].global[i], &f, 4);
+  }
+  ASSERT_NO_FATAL_FAILURE(save(1, arrays, {sharding("x=1", {{}})}));
+  sharded_restore_limits() = ShardedRestoreLimits{4096, 1001};
+  struct Reset {
+    ~Reset() { sharded_restore_limits() = ShardedRestoreLimits{}; }
+  } reset;
+  const NamedSharding s = sharding("a=1", {{}});
+  RestoreOptions o;
+  o.sharding = into(s, arrays);
+  o.float_dtype = DType::kBFloat16;
+  o.coalesce_gap = 0;
+  auto r = manager_->restore(1, o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const DeviceShard& ds = r->leaves[0].device_shards.at(0);
+  std::vector<std::byte> bf16(500 * 2);
+  ASSERT_TRUE(cast_elements(DType::kFloat32, DType::kBFloat16, arrays[0].global.data(), bf16.data(), 500).ok());
+  ASSERT_EQ(ds.data.size(), bf16.size());
+  EXPECT_EQ(std::memcmp(ds.data.data(), bf16.data(), bf16.size()), 0);
+}
+
 // Fixes first_touch_traps() for the scope of a test, then lets the probe decide again.
 struct FirstTouchIs {
   explicit FirstTouchIs(bool traps) { set_first_touch_traps_for_testing(traps); }

@@ -444,7 +444,11 @@ Status restore_sharded(Storage& storage, const std::string& step_dir, int64_t st
   const bool object_store = !storage.caps().atomic_rename;
   PlanOptions po;
   po.max_gap = options.coalesce_gap.value_or(object_store ? kObjectStoreGap : kLocalGap);
-  po.max_read = std::max<uint64_t>(1, std::min(kMaxRead, limits.staging_bytes));
+  // A multiple of 64 bytes, a whole number of elements of every dtype: the
+  // planner cuts a read every max_read bytes from its start (an element
+  // boundary), and a cut inside an element of a leaf being cast lost its
+  // bytes (the staging limit is any size in tests).
+  po.max_read = std::max<uint64_t>(64, std::min(kMaxRead, limits.staging_bytes) / 64 * 64);
   po.verify = options.verify;
   po.verify_widen_max_bytes = options.verify_widen_max_bytes;
   const uint64_t align = std::max<uint64_t>(storage.read_alignment(), 1);

@@ -155,6 +155,11 @@ def test_a_template_dtype_wins_over_float_dtype(ckpt_dir):
         got = mgr.restore(like=like, float_dtype="float16", allow_cast=True, select="^[ab]$")
         assert {k: v.dtype for k, v in got["p"].items()} == {"a": np.float64, "b": np.float64}
         assert got["p"]["b"].tobytes() == b.tobytes()
+        # Without allow_cast too (the whole restore's own copy of the choice
+        # let float_dtype win there).
+        exact = {"p": {"a": np.zeros(4, np.float32), "b": np.zeros(2, np.float64)}}
+        got = mgr.restore(like=exact, float_dtype="float16", select="^[ab]$")
+        assert {k: v.dtype for k, v in got["p"].items()} == {"a": np.float32, "b": np.float64}
         got = mgr.restore(float_dtype="float16")  # no template: every float leaf
         assert {k: v.dtype for k, v in got["p"].items()} == {"a": np.float16, "b": np.float16, "c": np.float16}
         sharded = mgr.restore(like=like, float_dtype="float16", allow_cast=True, select="^[ab]$",

@@ -43,6 +43,7 @@
 #include "src/restore/damage.h"
 #include "src/restore/destinations.h"
 #include "src/restore/read_executor.h"
+#include "src/restore/targets.h"
 #include "src/transform/transform.h"
 #include "src/util/box_runs.h"
 #include "src/util/crc32c.h"
@@ -169,10 +170,7 @@ class WholeRestore : public ReadConsumer {
     size_t shards = 0;
     for (const auto& sel : selected) shards += sel.second->shards.size();
     file_order_ = !storage.caps().atomic_rename && shards > selected.size();
-    // The template's dtypes matter only where they may differ (allow_cast;
-    // check_template refused every other mismatch).
-    if (options.allow_cast)
-      for (const LeafSpec& e : options.expected) want_[e.prefix + "/" + e.path] = e.dtype;
+    want_ = template_dtypes(options);
   }
 
   const std::vector<std::string>& keys() const { return keys_; }
@@ -251,13 +249,8 @@ class WholeRestore : public ReadConsumer {
   Status check_casts() const {
     for (size_t i = 0; i < selected_.size(); ++i) {
       CKPTIO_ASSIGN_OR_RETURN(DType to, restored_dtype(i));
-      // The saved bytes fit in 64 bits (the index reader checks), a cast to a
-      // wider dtype's may not (a hostile index: bfloat16 [2^62 + 1] as
-      // float64): the destination's size wrapped, and the reads overran it.
       const auto& [prefix, leaf] = selected_[i];
-      if (!checked_num_bytes(leaf->shape, dtype_size(to)))
-        return invalid_argument("restore " + leaf_name(prefix, *leaf) + ": its " + std::string(dtype_name(to)) +
-                                " bytes do not fit in 64 bits");
+      CKPTIO_RETURN_IF_ERROR(check_restored_bytes(leaf_name(prefix, *leaf), leaf->shape, to));
     }
     return Status::OK();
   }
@@ -330,25 +323,15 @@ class WholeRestore : public ReadConsumer {
     return tf.apply(in, out_.leaves[t.leaf].data.data() + tf.out_offset(t.at + at), len);
   }
 
-  // The dtype leaf i is restored in: the template's (allow_cast), else
-  // float_dtype for floating leaves, else as saved.
+  // The dtype leaf i is restored in (targets.h's restored_dtype, as every
+  // restore path chooses it); a destination in `into` takes no cast.
   Result<DType> restored_dtype(size_t i) const {
     const auto& [prefix, leaf] = selected_[i];
-    std::optional<DType> to;
-    bool templated = false;  // the template's dtype wins over float_dtype, the saved one too
-    if (!want_.empty()) {
-      auto it = want_.find(leaf_name(prefix, *leaf));
-      templated = it != want_.end();
-      if (templated && it->second != leaf->dtype) to = it->second;
-    }
-    if (!to && !templated && options_.float_dtype && dtype_is_float(leaf->dtype) &&
-        leaf->dtype != *options_.float_dtype)
-      to = options_.float_dtype;
-    if (!to) return leaf->dtype;
-    if (!dests_.empty() && dests_[i])
+    const DType to = ckptio::restored_dtype(options_, want_, leaf_name(prefix, *leaf), leaf->dtype);
+    if (to != leaf->dtype && !dests_.empty() && dests_[i])
       return invalid_argument("restore destination for " + leaf_name(prefix, *leaf) + " cannot take a cast to " +
-                              std::string(dtype_name(*to)));
-    return *to;
+                              std::string(dtype_name(to)));
+    return to;
   }
 
   Status plan_chunk(std::vector<ExecRead>* reads);

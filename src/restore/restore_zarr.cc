@@ -613,14 +613,9 @@ Status restore_zarr(Storage& storage, const std::string& step_dir, int64_t step,
     L.transform = PieceTransform(rec->dtype, t.dtype);
     L.fresh = dest == nullptr;
     first_buffer[i] = buffers.size();
+    CKPTIO_RETURN_IF_ERROR(check_restored_bytes(L.name, rec->shape, t.dtype));  // (each box lies inside)
     for (const Box& b : L.targets) {
-      // Inside a shape whose saved bytes fit in 64 bits, but a cast to a
-      // wider dtype may not (a hostile .zarray: bfloat16 [2^62 + 1]).
-      const std::optional<uint64_t> cast_bytes = checked_num_bytes(b, dtype_size(t.dtype));
-      if (!cast_bytes)
-        return invalid_argument("restore " + L.name + ": its " + std::string(dtype_name(t.dtype)) +
-                                " bytes do not fit in 64 bits");
-      const uint64_t bytes = *cast_bytes;
+      const uint64_t bytes = *checked_num_bytes(b, dtype_size(t.dtype));
       buffers.push_back(dest ? Buffer::wrap(dest->data, dest->size) : Buffer::allocate(bytes, 64));
       L.target_ptrs.push_back(buffers.back().data());
       out->stats.bytes_needed += *checked_num_bytes(b, dtype_size(rec->dtype));

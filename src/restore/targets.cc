@@ -55,6 +55,11 @@ std::map<std::string, DType> template_dtypes(const RestoreOptions& options) {
   return want;
 }
 
+Status check_restored_bytes(const std::string& name, const Shape& shape, DType to) {
+  if (checked_num_bytes(shape, dtype_size(to))) return Status::OK();
+  return invalid_argument("restore " + name + ": its " + std::string(dtype_name(to)) + " bytes do not fit in 64 bits");
+}
+
 Result<ShardingTargets> ShardingTargets::make(const RestoreOptions& options) {
   ShardingTargets t;
   t.options_ = &options;
@@ -91,11 +96,7 @@ Result<LeafTargets> ShardingTargets::leaf(const std::string& prefix, const LeafR
   t.prefix = prefix;
   t.path = rec.path;
   t.dtype = restored_dtype(*options_, want_, out.name, rec.dtype);
-  // As a wider dtype the leaf's bytes may not fit in 64 bits (a hostile
-  // index), and every device box's size would wrap: refused here.
-  if (!checked_num_bytes(rec.shape, dtype_size(t.dtype)))
-    return invalid_argument("restore " + out.name + ": its " + std::string(dtype_name(t.dtype)) +
-                            " bytes do not fit in 64 bits");
+  CKPTIO_RETURN_IF_ERROR(check_restored_bytes(out.name, rec.shape, t.dtype));  // (else each box's size wraps)
   t.shape = rec.shape;
   std::map<std::vector<int64_t>, uint32_t> target_index;
   for (size_t p : local_) {

@@ -43,5 +43,11 @@ class ShardingTargets {
 DType restored_dtype(const RestoreOptions& options, const std::map<std::string, DType>& want,
                      const std::string& name, DType saved);
 std::map<std::string, DType> template_dtypes(const RestoreOptions& options);
+// A leaf of `shape` restored as `to` fits in 64 bits of bytes. The saved
+// bytes do (the index and .zarray readers check), a cast to a wider dtype's
+// may not (a hostile index: bfloat16 [2^62 + 1] as float64): the
+// destination's size wrapped, and the reads overran it. kInvalidArgument
+// naming the leaf otherwise; checked by every restore path before any read.
+Status check_restored_bytes(const std::string& name, const Shape& shape, DType to);
 
 }  // namespace ckptio
